@@ -1,0 +1,1 @@
+"""Engines turn chat requests into completions. They know nothing of tasks."""
