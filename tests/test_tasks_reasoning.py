@@ -309,3 +309,31 @@ def test_livecodebench_shared_v6_window():
     assert any("public tests only" in n for n in task.notes())
     func = next(s for s in samples if s.data["testtype"] == "functional")
     assert task.score(func, "```python\nclass Solution:\n    pass\n```").value == 0.0
+
+
+# ------------------------------------------------------------------------------------ configs
+@pytest.mark.parametrize("name", ["aime25", "aime24", "math500", "gpqa_diamond", "livecodebench"])
+def test_task_yaml_matches_its_schema(name):
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.load(REPO / "conf" / "task" / f"{name}.yaml")
+    assert list(raw.defaults) == [f"{name}_schema", "_self_"]
+    body = {k: v for k, v in OmegaConf.to_container(raw).items() if k != "defaults"}
+    cfg = OmegaConf.merge(OmegaConf.structured(task_class(name).config_class), body)
+    assert cfg.name == name
+    with pytest.raises(Exception, match="no_such_key"):
+        OmegaConf.merge(OmegaConf.structured(task_class(name).config_class), {"no_such_key": 1})
+
+
+def test_reasoning_suite_lists_the_four_tasks():
+    from omegaconf import OmegaConf
+
+    suite = OmegaConf.load(REPO / "conf" / "suite" / "reasoning.yaml")
+    assert list(suite.tasks) == ["aime25", "gpqa_diamond", "math500", "livecodebench"]
+    assert all(t in __import__("fp8eval.tasks", fromlist=["REGISTRY"]).REGISTRY for t in suite.tasks)
+
+
+def test_render_leaves_latex_braces_alone():
+    from fp8eval.tasks.reasoning_data import render
+
+    assert render("Q: {problem} {unknown}", problem=r"$\frac{a}{b}$ {problem}") == r"Q: $\frac{a}{b}$ {problem} {unknown}"
