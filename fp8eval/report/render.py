@@ -141,6 +141,7 @@ h2{font-size:17px;margin:2px 0 10px}
 table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{padding:5px 8px;border-bottom:1px solid #eceef2;text-align:left;white-space:nowrap}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
+td.wrap{white-space:normal;min-width:360px}
 th{background:#f0f2f6;cursor:pointer;user-select:none;position:sticky;top:0}
 th[aria-sort=ascending]::after{content:" ▲"} th[aria-sort=descending]::after{content:" ▼"}
 .scroll{max-height:520px;overflow:auto}
@@ -184,7 +185,8 @@ def _cell(value, kind: str = "text") -> str:
     if kind == "verdict":
         cls = "na" if value == "n/a" else html.escape(str(value))
         return f'<td><span class="badge {cls}">{html.escape(str(value))}</span></td>'
-    return f"<td>{html.escape('' if value is None else str(value))}</td>"
+    cls = ' class="wrap"' if kind == "wrap" else ""
+    return f"<td{cls}>{html.escape('' if value is None else str(value))}</td>"
 
 
 def _table(df: pd.DataFrame, kinds: dict[str, str], table_id: str) -> str:
@@ -218,7 +220,7 @@ def render_html(d: ReportData) -> str:
     parts.append("<section><h2>Headline recovery</h2>" + _table(head, {
         "model": "text", "task": "text", "baseline": "text", "variant": "text", "metric": "text",
         "baseline_score": "num", "variant_score": "num", "recovery_pct": "pct", "ci_low": "pct",
-        "ci_high": "pct", "n": "num", "verdict": "verdict", "why": "text"}, "headline") + "</section>")
+        "ci_high": "pct", "n": "num", "verdict": "verdict", "why": "wrap"}, "headline") + "</section>")
     figs = "".join(_img(f) for f in d.figures)
     parts.append(f'<section id="figures"><h2>Figures</h2>{figs}</section>')
     parts.append("<section><h2>Recovery per group</h2>" + _table(d.table, {
@@ -235,7 +237,7 @@ def render_html(d: ReportData) -> str:
                            for s in d.sign_tests])
         parts.append("<section><h2>Systematic shift (sign tests)</h2>" + _table(st, {
             "model": "text", "scope": "text", "baseline": "text", "variant": "text", "below": "num",
-            "above": "num", "ties": "num", "p_value": "num", "shift": "text", "explanation": "text"},
+            "above": "num", "ties": "num", "p_value": "num", "shift": "text", "explanation": "wrap"},
             "signtests") + "</section>")
     parts.append("<section><h2>Arms</h2>" + _table(d.arm_stats[d.arm_stats["group"] == "all"], {
         "model": "text", "task": "text", "arm": "text", "fingerprint": "text", "score": "num",
