@@ -312,7 +312,8 @@ def test_calibration_recommended_in_report(tmp_path):
 
 def test_shared_baseline_is_loaded_once_and_auc_rows(tmp_path):
     fx = _fixtures_module()
-    fx.make_demo(tmp_path / "demo")
+    fx.demo_mrcr(tmp_path / "demo", "12-00-00", "fixture-model-b", 262144, {"fp8": 0.93, "fp8_skip2": 0.99})
+    fx.demo_niah(tmp_path / "demo", "11-10-00", "fixture-model-a", 0.45)
     out = write_report([tmp_path / "demo"], tmp_path / "r", n_boot=200)
     t = pd.read_csv(out / "recovery.csv")
     mrcr_b = t[(t["model"] == "fixture-model-b") & (t["task"] == "mrcr")]

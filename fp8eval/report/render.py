@@ -141,10 +141,10 @@ h2{font-size:17px;margin:2px 0 10px}
 table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{padding:5px 8px;border-bottom:1px solid #eceef2;text-align:left;white-space:nowrap}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
-td.wrap{white-space:normal;min-width:360px}
+td.wrap{white-space:normal;min-width:220px}
 th{background:#f0f2f6;cursor:pointer;user-select:none;position:sticky;top:0}
 th[aria-sort=ascending]::after{content:" ▲"} th[aria-sort=descending]::after{content:" ▼"}
-.scroll{max-height:520px;overflow:auto}
+.scroll{max-height:520px;overflow:auto}.full{overflow-x:auto}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-weight:600;font-size:12px}
 .pass,.keep{background:#d7f2dd;color:#14622b}.fail,.stay{background:#fbdcdc;color:#8a1c1c}
 .unsure,.undecided,.na{background:#fdf0cf;color:#7a5500}.calibrate{background:#e2e6fb;color:#2b3a8f}
@@ -189,12 +189,13 @@ def _cell(value, kind: str = "text") -> str:
     return f"<td{cls}>{html.escape('' if value is None else str(value))}</td>"
 
 
-def _table(df: pd.DataFrame, kinds: dict[str, str], table_id: str) -> str:
+def _table(df: pd.DataFrame, kinds: dict[str, str], table_id: str, scroll: bool = True) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in kinds)
     body = []
     for _, r in df.iterrows():
         body.append("<tr>" + "".join(_cell(r[c], k) for c, k in kinds.items()) + "</tr>")
-    return (f'<div class="scroll"><table class="sortable" id="{table_id}"><thead><tr>{head}</tr></thead>'
+    wrapper = "scroll" if scroll else "full"
+    return (f'<div class="{wrapper}"><table class="sortable" id="{table_id}"><thead><tr>{head}</tr></thead>'
             f'<tbody>{"".join(body)}</tbody></table></div>')
 
 
@@ -220,7 +221,7 @@ def render_html(d: ReportData) -> str:
     parts.append("<section><h2>Headline recovery</h2>" + _table(head, {
         "model": "text", "task": "text", "baseline": "text", "variant": "text", "metric": "text",
         "baseline_score": "num", "variant_score": "num", "recovery_pct": "pct", "ci_low": "pct",
-        "ci_high": "pct", "n": "num", "verdict": "verdict", "why": "wrap"}, "headline") + "</section>")
+        "ci_high": "pct", "n": "num", "verdict": "verdict", "why": "wrap"}, "headline", scroll=False) + "</section>")
     figs = "".join(_img(f) for f in d.figures)
     parts.append(f'<section id="figures"><h2>Figures</h2>{figs}</section>')
     parts.append("<section><h2>Recovery per group</h2>" + _table(d.table, {
@@ -238,7 +239,7 @@ def render_html(d: ReportData) -> str:
         parts.append("<section><h2>Systematic shift (sign tests)</h2>" + _table(st, {
             "model": "text", "scope": "text", "baseline": "text", "variant": "text", "below": "num",
             "above": "num", "ties": "num", "p_value": "num", "shift": "text", "explanation": "wrap"},
-            "signtests") + "</section>")
+            "signtests", scroll=False) + "</section>")
     parts.append("<section><h2>Arms</h2>" + _table(d.arm_stats[d.arm_stats["group"] == "all"], {
         "model": "text", "task": "text", "arm": "text", "fingerprint": "text", "score": "num",
         "stderr": "num", "n": "num", "n_samples": "num", "n_repeats": "num", "cutoff_rate": "num",
