@@ -114,7 +114,12 @@ def stratified_paired_bootstrap(
     def means(arr: np.ndarray) -> dict:
         return {k: float(arr[m].sum() / c[m].sum()) for k, m in zip(keys, members)}
 
-    point = float(statistic(means(b), means(v)))
+    if b.size == 0:
+        return BootstrapCI(math.nan, math.nan, math.nan, level, 0, 0)
+    try:
+        point = float(statistic(means(b), means(v)))
+    except ZeroDivisionError:  # e.g. a baseline AUC of 0: recovery is undefined
+        return BootstrapCI(math.nan, math.nan, math.nan, level, 0, 0)
     if b.size == 0:
         return BootstrapCI(math.nan, math.nan, math.nan, level, 0, 0)
     rng = np.random.default_rng(seed)

@@ -220,6 +220,21 @@ def test_bootstrap_is_deterministic_and_degenerate_cases():
         stats.paired_bootstrap_recovery([1, 2], [1], n_boot=10)
 
 
+def test_stratified_bootstrap_keeps_strata_sizes():
+    def ratio(bm, vm):
+        if sum(bm.values()) == 0:
+            raise ZeroDivisionError
+        return 100 * sum(vm.values()) / sum(bm.values())
+
+    # stratum "a": variant equals baseline; stratum "b": variant half of it. Each stratum keeps its own
+    # samples, so the statistic can never leave [50 %, 100 %] however the samples are drawn.
+    ci = stats.stratified_paired_bootstrap([1, 2, 1, 2], [1, 2, 0.5, 1], [1, 1, 1, 1], ["a", "a", "b", "b"],
+                                           ratio, n_boot=300, seed=1)
+    assert ci.point == pytest.approx(75.0) and 50.0 <= ci.low <= ci.point <= ci.high <= 100.0
+    undefined = stats.stratified_paired_bootstrap([0, 0], [1, 1], [1, 1], ["a", "b"], ratio, n_boot=10)
+    assert math.isnan(undefined.point)
+
+
 def test_sign_test_exact_values():
     assert stats.sign_test(5, 0) == 1 / 32
     assert stats.sign_test(7, 1) == 9 / 256
