@@ -39,6 +39,10 @@ class RowRef:
     n_chars: int
     date_added: str
     synthetic: bool
+    random_string_to_prepend: str
+    answer: str  # <= 3.89k chars in the real set: kept so scoring never reopens the data
+    desired_msg_index: int
+    total_messages: int
 
 
 def _is_parquet(path: Path) -> bool:
@@ -128,6 +132,10 @@ def _ref(file_idx: int, loc, row: dict, rid: str, n_tokens: int) -> RowRef:
         n_chars=int(row["n_chars"]),
         date_added=str(row["date_added"]),
         synthetic=bool(row.get("synthetic", False)),
+        random_string_to_prepend=str(row["random_string_to_prepend"]),
+        answer=str(row["answer"]),
+        desired_msg_index=int(row["desired_msg_index"]),
+        total_messages=int(row["total_messages"]),
     )
 
 
@@ -149,8 +157,8 @@ def measure_files(
         for loc, row in iter_rows(path)
     )
 
-    def light(row: dict) -> dict:  # keep the metadata, drop the big strings while in flight
-        return {k: v for k, v in row.items() if k not in ("prompt", "answer")}
+    def light(row: dict) -> dict:  # keep the metadata, drop the big string while in flight
+        return {k: v for k, v in row.items() if k != "prompt"}
 
     if workers == 1 or counter is not None:
         measure = _measure_with(counter) if counter is not None else _measure

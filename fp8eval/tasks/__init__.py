@@ -10,6 +10,7 @@ if TYPE_CHECKING:
 
 REGISTRY: dict[str, str] = {
     "niah": "fp8eval.tasks.niah:NiahTask",
+    "mrcr": "fp8eval.tasks.mrcr:MrcrTask",
 }
 
 
