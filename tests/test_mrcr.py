@@ -400,3 +400,22 @@ def test_summary_only_8k_has_no_model_auc():
     out = summarize_records([_rec("8k", 0, 1.0), _rec("16k", 0, None, "skipped")], [2], False)
     assert out["auc"] is None and out["auc_up_to"] == "8k" and "two edges" in out["auc_note"]
     assert out["auc_1m"] == 0.0
+
+
+def test_parquet_rows_stream_and_read_back(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    from fp8eval.mrcr_data import RowReader, measure_files
+
+    # the hub shards' columns (no `synthetic`), several row groups
+    rows = [{k: v for k, v in r.items() if k != "synthetic"} for r in _synth(["8k", "16k"], [2], 3)]
+    path = tmp_path / "2needle_0.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), path, row_group_size=4)
+    assert pq.ParquetFile(path).num_row_groups == 2
+    refs = measure_files([path], counter=quarter_chars_messages)
+    assert [r.loc for r in refs] == [(0, 0), (0, 1), (0, 2), (0, 3), (1, 0), (1, 1)]
+    assert not any(r.synthetic for r in refs)
+    reader = RowReader([path])
+    assert [reader.read(r) for r in refs] == rows
+    assert reader.read(refs[1]) == rows[1]  # back into an earlier group
