@@ -75,28 +75,37 @@ def iter_rows(path: Path) -> Iterator[tuple[tuple[int, int], dict]]:
 
 
 class RowReader:
-    """Reads one row by its loc; keeps the last parquet row group decoded, so walking rows in file
-    order decodes each group once."""
+    """Reads one row by its loc, holding one row in memory at a time.
+
+    Parquet has no cheap random access to a row inside a row group, so the reader keeps a cursor:
+    asking for rows in file order (the task's sample order) decodes each row once; asking for an
+    earlier row restarts that group from its start.
+    """
 
     def __init__(self, files: list[Path]):
         self.files = files
-        self._group_key: tuple[int, int] | None = None
-        self._group: list[dict] = []
+        self._cursor: tuple[int, int] | None = None  # (file, row group) the iterator walks
+        self._rows: Iterator[dict] | None = None
+        self._next = 0  # index in the group of the row the iterator yields next
 
     def read(self, ref: RowRef) -> dict:
         path = self.files[ref.file]
-        if _is_parquet(path):
-            rg, i = ref.loc
-            if self._group_key != (ref.file, rg):
-                import pyarrow.parquet as pq
+        if not _is_parquet(path):
+            with open(path, "rb") as f:
+                f.seek(ref.loc[0])
+                return json.loads(f.readline())
+        rg, i = ref.loc
+        if self._cursor != (ref.file, rg) or i < self._next:
+            import pyarrow.parquet as pq
 
-                self._group = []  # let the previous group go before decoding the next
-                self._group = pq.ParquetFile(path).read_row_group(rg).to_pylist()
-                self._group_key = (ref.file, rg)
-            return self._group[i]
-        with open(path, "rb") as f:
-            f.seek(ref.loc[0])
-            return json.loads(f.readline())
+            batches = pq.ParquetFile(path).iter_batches(row_groups=[rg], batch_size=1)
+            self._rows = (row for batch in batches for row in batch.to_pylist())
+            self._cursor, self._next = (ref.file, rg), 0
+        while self._next < i:
+            next(self._rows)
+            self._next += 1
+        self._next += 1
+        return next(self._rows)
 
 
 def row_id(n_needles: int, prompt: str, answer: str) -> str:

@@ -98,6 +98,7 @@ class MrcrTask(Task):
         self._reader = None
         self._tokens: dict[str, int] = {}  # sample id -> prompt tokens under the model's template
         self._last: tuple[str, Prompt] | None = None  # repeats of one sample reuse the loaded row
+        self._skips: dict[str, str] = {}  # sample id -> why it does not fit (asked once per repeat)
         self._notes: list[str] = []
 
     # --- data ---------------------------------------------------------------------------------
@@ -182,7 +183,8 @@ class MrcrTask(Task):
         keep = set(selected_buckets(cfg))
         several = len(set(cfg.needles)) > 1
         chosen = [r for r in refs if r.n_needles in cfg.needles and r.bucket in keep]
-        chosen.sort(key=lambda r: (r.n_needles, MRCR_LABELS.index(r.bucket), r.file, r.loc))
+        # file order, so prompts stream through the data once (see RowReader); groups carry the bins
+        chosen.sort(key=lambda r: (r.file, r.loc))
         self._samples = [
             Sample(id=r.id, data=asdict(r), groups=group_labels(r.bucket, r.n_needles, several))
             for r in chosen
@@ -201,6 +203,17 @@ class MrcrTask(Task):
     def prompt(self, sample: Sample, repeat: int) -> Prompt:
         if self._last is not None and self._last[0] == sample.id:
             return self._last[1]
+        if sample.id in self._skips:
+            raise SkipSample(self._skips[sample.id])
+        try:
+            prompt = self._fitting_prompt(sample)
+        except SkipSample as e:
+            self._skips[sample.id] = str(e)
+            raise
+        self._last = (sample.id, prompt)
+        return prompt
+
+    def _fitting_prompt(self, sample: Sample) -> Prompt:
         ref = sample.data
         budget = self.ctx.max_model_len - self._max_tokens()
         ratio = self.cfg.o200k_prefilter
@@ -218,7 +231,6 @@ class MrcrTask(Task):
                 f"does not fit: prompt {n} tokens + max_tokens {self._max_tokens()} > "
                 f"max_model_len {self.ctx.max_model_len}"
             )
-        self._last = (sample.id, prompt)
         return prompt
 
     def _load_messages(self, sample: Sample) -> list[dict]:
