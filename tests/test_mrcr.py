@@ -419,3 +419,16 @@ def test_parquet_rows_stream_and_read_back(tmp_path):
     reader = RowReader([path])
     assert [reader.read(r) for r in refs] == rows
     assert reader.read(refs[1]) == rows[1]  # back into an earlier group
+
+
+def test_real_format_rows_note_the_december_fix(tmp_path):
+    _need_o200k()
+    rows = _synth(["8k"], [2], 3)
+    for row, date in zip(rows, ["04-12-2025", "12-05-2025", "04-12-2025"]):
+        row["date_added"] = date
+        del row["synthetic"]  # as in the hub shards
+    data = _write(rows, tmp_path / "rows.jsonl")
+    task = _task(tmp_path, _prompt_tokens, 65536, data_files=[str(data)])
+    assert not any(s.data["synthetic"] for s in task.samples())
+    assert any("3 MRCR rows selected; 1 of them were regenerated" in line for line in task.notes())
+    assert not any("SYNTHETIC" in line for line in task.notes())
