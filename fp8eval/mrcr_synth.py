@@ -211,3 +211,30 @@ def write_jsonl(rows: Iterable[dict], path: Path) -> Path:
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
     tmp.replace(path)
     return path
+
+
+_FINAL = re.compile(
+    r"Prepend (?P<hash>\S+) to the (?P<k>\d+)(?:st|nd|rd|th) \(1 indexed\) (?P<form>.+?) about "
+    r"(?P<topic>.+?)\. Do not include any other text in your response\.\s*$"
+)
+
+
+def oracle_answer(messages: list[dict]) -> str:
+    """What a perfect model answers: the hash + the reply to the k-th matching ask. For tests (the
+    fake engine's `module:function` scripts) and for checking generated rows."""
+    m = _FINAL.search(messages[-1]["content"])
+    if m is None:
+        return ""
+    ask = f"write a {m.group('form')} about {m.group('topic')}"
+    seen = 0
+    for i, msg in enumerate(messages[:-1]):
+        if msg["role"] == "user" and (msg["content"] == ask or msg["content"].endswith("\n\n" + ask)):
+            seen += 1
+            if seen == int(m.group("k")) and i + 1 < len(messages):
+                return m.group("hash") + messages[i + 1]["content"]
+    return ""
+
+
+def fake_engine_oracle(request, sample_index: int) -> str:
+    """`engine.script=fp8eval.mrcr_synth:fake_engine_oracle` for the fake engine."""
+    return oracle_answer(list(request.messages))

@@ -432,3 +432,12 @@ def test_real_format_rows_note_the_december_fix(tmp_path):
     assert not any(s.data["synthetic"] for s in task.samples())
     assert any("3 MRCR rows selected; 1 of them were regenerated" in line for line in task.notes())
     assert not any("SYNTHETIC" in line for line in task.notes())
+
+
+def test_oracle_answers_every_synthetic_row_exactly():
+    from fp8eval.mrcr_synth import oracle_answer
+
+    for row in _synth(["8k", "16k"], [2, 4, 8], 2, seed=5):
+        messages = json.loads(row["prompt"])
+        assert oracle_answer(messages) == row["answer"]
+        assert mrcr_grade(oracle_answer(messages), row["answer"], row["random_string_to_prepend"]) == 1.0

@@ -254,7 +254,7 @@ class MrcrTask(Task):
         return json.loads(row["prompt"])
 
     # --- scoring ------------------------------------------------------------------------------
-    def score(self, sample: Sample, completion: str) -> Score:
+    def score(self, sample: Sample, completion: str, repeat: int = 0) -> Score:
         from fp8eval.scoring import mrcr_grade
 
         ref = sample.data
