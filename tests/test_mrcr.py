@@ -441,3 +441,63 @@ def test_oracle_answers_every_synthetic_row_exactly():
         messages = json.loads(row["prompt"])
         assert oracle_answer(messages) == row["answer"]
         assert mrcr_grade(oracle_answer(messages), row["answer"], row["random_string_to_prepend"]) == 1.0
+
+
+# --- end to end through the Hydra app ---------------------------------------------------------------
+def _run_app(tmp_path: Path, *overrides: str, timeout: int = 600) -> dict:
+    import os
+    import subprocess
+    import sys
+
+    run_dir = tmp_path / "run"
+    args = [sys.executable, "-m", "fp8eval", "task=mrcr", "task.synthetic=true",
+            f"task.manifest_dir={tmp_path / 'cache'}", f"records_dir={tmp_path / 'records'}",
+            f"hydra.run.dir={run_dir}", "progress=false", "report=false", *overrides]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
+    res = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.stdout.strip().splitlines()[-1] == str(run_dir)
+    assert "SYNTHETIC" in res.stdout
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def test_end_to_end_fake_engine_both_arms(tmp_path):
+    _need_o200k()
+    _haystack()
+    summary = _run_app(
+        tmp_path, "engine=fake", "engine.script=fp8eval.mrcr_synth:fake_engine_oracle",
+        "+engine.engine_args.fake_fp8_error=0.5", "model.max_model_len=40000",
+        "task.synthetic_rows=2", "task.max_bucket=64k", "task.repeats=2",
+    )
+    assert set(summary["arms"]) == {"bf16", "fp8"}
+    base, var = summary["arms"]["bf16"], summary["arms"]["fp8"]
+    # 8k-32k rows fit 40000 - 4096; the 64k rows (> 32k o200k tokens) are recorded as skipped
+    assert {"8k", "16k", "32k"} <= set(base["by_group"]) and "64k" not in base["by_group"]
+    assert base["buckets"]["64k"]["n_skipped"] == 4 and base["buckets"]["64k"]["score"] is None
+    assert all(base["by_group"][b] == 1.0 for b in ("8k", "16k", "32k"))  # the oracle is perfect
+    assert base["auc_up_to"] == "32k" and base["auc"] == pytest.approx(1.0)
+    assert base["auc_1m"] == pytest.approx((32768 - 8192) / (1048576 - 8192))
+    assert base["synthetic"] is True
+    assert 0.0 <= var["auc"] < 1.0  # the fake fp8 arm loses some answers
+    assert summary["recovery"]["auc"] == pytest.approx(100 * var["auc"] / base["auc"])
+    assert summary["recovery"]["auc_1m"] == pytest.approx(100 * var["auc_1m"] / base["auc_1m"])
+    assert summary["recovery"]["by_group"]["8k"] is not None
+
+
+@pytest.mark.slow
+def test_end_to_end_embedded_model_reference_engine(tmp_path):
+    _need_o200k()
+    _haystack()
+    # SmolLM2-135M has 8k context: only the 8k bin can fit once max_tokens is small
+    summary = _run_app(
+        tmp_path, "engine=reference", "task.synthetic_rows=1", "task.max_bucket=16k",
+        "task.repeats=2", "task.sampling.max_tokens=48", timeout=1800,
+    )
+    assert set(summary["arms"]) == {"bf16", "fp8"}
+    for arm in summary["arms"].values():
+        assert set(arm["by_group"]) == {"8k"}
+        assert arm["buckets"]["16k"]["n_skipped"] == 2 and arm["buckets"]["8k"]["n_scored"] == 2
+        assert 0.0 <= arm["by_group"]["8k"] <= 1.0
+        assert arm["auc"] is None and arm["auc_up_to"] == "8k"  # one edge: no model AUC
+        assert arm["auc_1m"] == 0.0
+    assert "recovery" in summary and "auc_1m" in summary["recovery"]

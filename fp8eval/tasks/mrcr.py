@@ -46,6 +46,8 @@ class MrcrConfig(TaskConfig):
     o200k_prefilter: float = 4.0
     manifest_dir: Optional[str] = None  # default ~/.cache/fp8eval/mrcr
     workers: Optional[int] = None  # bucketing processes; default all cores
+    # limit (inherited): rows kept per (needle count, bin), the first in file order, so every bin
+    # stays represented in a short run
 
 
 def _cache_root() -> Path:
@@ -86,6 +88,8 @@ class MrcrTask(Task):
     version = "1"
     config_class = MrcrConfig
     prompt_varies_by_repeat = False
+    # summary extras whose variant/baseline ratio the runner reports as recovery
+    recovery_keys = ("auc", "auc_1m")
 
     def __init__(self, cfg: MrcrConfig, ctx):
         super().__init__(cfg, ctx)
@@ -185,6 +189,15 @@ class MrcrTask(Task):
         chosen = [r for r in refs if r.n_needles in cfg.needles and r.bucket in keep]
         # file order, so prompts stream through the data once (see RowReader); groups carry the bins
         chosen.sort(key=lambda r: (r.file, r.loc))
+        if cfg.limit:
+            taken: dict[tuple[int, str], int] = {}
+            kept = []
+            for r in chosen:
+                cell = (r.n_needles, r.bucket)
+                if taken.get(cell, 0) < cfg.limit:
+                    taken[cell] = taken.get(cell, 0) + 1
+                    kept.append(r)
+            chosen = kept
         self._samples = [
             Sample(id=r.id, data=asdict(r), groups=group_labels(r.bucket, r.n_needles, several))
             for r in chosen
