@@ -20,14 +20,14 @@ register_configs()
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from fp8eval.engines.base import EngineError
-    from fp8eval.runner import Runner, RunError, format_table
+    from fp8eval.errors import Fp8evalError
+    from fp8eval.runner import Runner, format_table
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     typed = OmegaConf.to_object(cfg)
     try:
         summary = Runner(typed, run_dir).run()
-    except (EngineError, RunError) as e:
+    except Fp8evalError as e:
         print(f"\nfp8eval: {e}", file=sys.stderr)
         sys.exit(2)
     print()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fp8eval.errors import Fp8evalError
+
 import dataclasses
 import json
 import sys
@@ -25,7 +27,7 @@ from fp8eval.tasks.base import PROJECT_ROOT, Prompt, Sample, SkipSample, Task, T
 CONF_DIR = PROJECT_ROOT / "conf"
 
 
-class RunError(RuntimeError):
+class RunError(Fp8evalError):
     """A run cannot proceed; the message says why and what to do."""
 
 
@@ -242,7 +244,9 @@ class Runner:
         summaries: dict[str, dict] = {}
         task = items = None
         notes: list[str] = []
-        for name, kv, role in arms:
+        # The variant runs first: a configuration an engine cannot serve (fp8 on a CPU build of vLLM,
+        # per-head scales without a scales file) fails before any baseline work is spent.
+        for name, kv, role in sorted(arms, key=lambda a: a[2] == "baseline"):
             engine = build_engine(cfg, kv, self.shared)
             try:
                 if task is None:
@@ -262,7 +266,7 @@ class Runner:
             "model": cfg.model.name,
             "task": cfg.task.name,
             "baseline": arms[0][0] if arms[0][2] == "baseline" else None,
-            "arms": summaries,
+            "arms": {name: summaries[name] for name, _, _ in arms},
             "recovery": None,
             "notes": notes,
             "sampling": self.sampling,
