@@ -277,6 +277,9 @@ class Runner:
             base = select(_read(summaries[arms[0][0]]["records"]), {(it.sample.id, it.repeat) for it in items})
             var = select(_read(summaries[arms[1][0]]["records"]), {(it.sample.id, it.repeat) for it in items})
             summary["recovery"] = paired_recovery(base, var)
+            for key in getattr(task, "recovery_keys", ()):  # task metrics that are not a mean (MRCR AUC)
+                b, v = summaries[arms[0][0]].get(key), summaries[arms[1][0]].get(key)
+                summary["recovery"][key] = 100.0 * v / b if b and v is not None else None
         summary["wall_s"] = round(time.perf_counter() - t0, 2)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n",
