@@ -109,6 +109,7 @@ class Runner:
     # --- planning ----------------------------------------------------------------------------------------
     def plan(self, task: Task, engine) -> list[PlannedItem]:
         items: list[PlannedItem] = []
+        count = task.ctx.count_tokens
         max_len = engine.max_model_len()
         max_tokens = int(self.sampling["max_tokens"])
         samples = list(task.samples())
@@ -119,8 +120,7 @@ class Runner:
                 try:
                     if task.prompt_varies_by_repeat or shared_prompt is None:
                         prompt = task.prompt(sample, repeat)
-                        req = self._request("count", prompt, 1, [0])
-                        tokens = engine.count_prompt_tokens(req)
+                        tokens = count(prompt)
                         shared_prompt = (prompt, prompt.hash(), tokens)
                     prompt, phash, tokens = shared_prompt
                 except SkipSample as e:
@@ -134,6 +134,19 @@ class Runner:
             bar.update(1)
         bar.close()
         return items
+
+    def _token_counter(self, engine):
+        """Prompt tokens under the engine's template, counted once per distinct prompt (a 1M-token MRCR
+        row is tokenised once even though the task and the length budget both ask)."""
+        counts: dict[str, int] = {}
+
+        def count(prompt: Prompt) -> int:
+            h = prompt.hash()
+            if h not in counts:
+                counts[h] = engine.count_prompt_tokens(self._request("count", prompt, 1, [0]))
+            return counts[h]
+
+        return count
 
     def _request(self, rid: str, prompt: Prompt, n: int, seeds: list[int]) -> Request:
         return Request(id=rid, messages=tuple(prompt.messages), n=n, seeds=tuple(seeds), sampling=dict(self.sampling),
@@ -250,9 +263,9 @@ class Runner:
             engine = build_engine(cfg, kv, self.shared)
             try:
                 if task is None:
-                    ctx = TaskContext(
-                        count_tokens=lambda p, e=engine: e.count_prompt_tokens(self._request("count", p, 1, [0])),
-                        max_model_len=engine.max_model_len(), model_name=cfg.model.name, seed=cfg.seed)
+                    ctx = TaskContext(count_tokens=self._token_counter(engine), max_model_len=engine.max_model_len(),
+                                      model_name=cfg.model.name, seed=cfg.seed,
+                                      max_tokens=int(self.sampling["max_tokens"]))
                     task = tcls(task_cfg, ctx)
                     items = self.plan(task, engine)
                     notes = task.notes()

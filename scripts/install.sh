@@ -24,8 +24,13 @@ if ! python -c 'import torch' 2>/dev/null; then
     pip install -q "torch>=2.4"
   else
     echo "[install] torch 2.13.0 (CPU build)"
-    pip install -q --index-url https://download.pytorch.org/whl/cpu "torch==2.13.0" 2>/dev/null \
-      || pip install -q "torch==2.13.0"
+    # A CPU wheel pip can already see (a wheelhouse in find-links) wins; otherwise PyTorch's CPU index.
+    if pip install -q --no-index --no-deps "torch==2.13.0" 2>/dev/null; then
+      pip install -q "torch==2.13.0"  # its own dependencies, from the usual index
+    else
+      pip install -q --index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple \
+        "torch==2.13.0"
+    fi
   fi
 fi
 

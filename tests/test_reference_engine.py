@@ -93,3 +93,58 @@ def test_generation_is_seeded_and_one_prefill_serves_n(engine):
     greedy = Request(id="h", messages=req.messages, n=1, seeds=(5,), sampling={"temperature": 0, "max_tokens": 8})
     out = engine._generate_one(greedy)
     assert out.choices[0].finish_reason in ("stop", "length") and out.choices[0].output_tokens <= 8
+
+
+def _decode_logits(model, policy_holder: dict, policy: KVPolicy, ids: torch.Tensor, chunk: int, steps: int):
+    from transformers import DynamicCache
+
+    policy_holder["active_policy"] = policy
+    out_logits = []
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        for s in range(0, ids.shape[1], chunk):
+            logits = model(input_ids=ids[:, s:s + chunk], past_key_values=cache, use_cache=True).logits[:, -1]
+        out_logits.append(logits)
+        for _ in range(steps):
+            nxt = logits.argmax(-1, keepdim=True)
+            logits = model(input_ids=nxt, past_key_values=cache, use_cache=True).logits[:, -1]
+            out_logits.append(logits)
+    return torch.stack(out_logits)
+
+
+@pytest.mark.parametrize("cache_dtype", ["fp8", "auto"])
+def test_incremental_in_place_rounding_equals_rounding_everything(engine, prompt_ids, cache_dtype):
+    ids = prompt_ids[:, :300]
+    inc = _decode_logits(engine._model, engine._shared, KVPolicy(cache_dtype=cache_dtype), ids, 128, 4)
+    full = _decode_logits(engine._model, engine._shared, KVPolicy(cache_dtype=cache_dtype, incremental=False),
+                          ids, 128, 4)
+    assert torch.equal(inc, full)
+
+
+@pytest.fixture(scope="module")
+def gemma():
+    try:
+        cfg = compose(["model=gemma3-270m", "kv=fp8_skip_sw", "engine.threads=2"])
+        eng = ReferenceEngine(cfg, cfg.kv, shared={})
+        eng._load()
+    except Exception as e:
+        pytest.skip(f"gemma3 embedded model unavailable: {e}")
+    return eng
+
+
+def test_sliding_window_layers_skip_and_cache_cropping(gemma):
+    """gemma3-270m: 5 sliding-window layers (window 512) per global one, head_dim 256, no chat template."""
+    cfg = gemma._model.config
+    sliding = tuple(str(i) for i, t in enumerate(cfg.layer_types) if "sliding" in t)
+    assert 0 < len(sliding) < cfg.num_hidden_layers and cfg.head_dim == 256
+    req = Request(id="g", messages=({"role": "user", "content": haystack_text(4000)},), n=1, seeds=(0,), sampling={})
+    ids = torch.tensor([gemma.prompt_ids(req)])[:, :700]  # past the 512-token window: the cache crops
+    by_type = _decode_logits(gemma._model, gemma._shared, KVPolicy(cache_dtype="fp8", skip_layers=("sliding_window",)),
+                             ids, 256, 3)
+    by_index = _decode_logits(gemma._model, gemma._shared, KVPolicy(cache_dtype="fp8", skip_layers=sliding), ids, 256, 3)
+    everywhere = _decode_logits(gemma._model, gemma._shared, KVPolicy(cache_dtype="fp8"), ids, 256, 3)
+    full_requant = _decode_logits(gemma._model, gemma._shared, KVPolicy(cache_dtype="fp8", incremental=False),
+                                  ids, 256, 3)
+    assert torch.equal(by_type, by_index)
+    assert not torch.equal(by_type, everywhere)
+    assert torch.equal(everywhere, full_requant)

@@ -56,6 +56,7 @@ class TaskContext:
     max_model_len: int
     model_name: str
     seed: int
+    max_tokens: int = 256  # the effective output budget of every request (prompt + this must fit)
 
 
 class SkipSample(Exception):

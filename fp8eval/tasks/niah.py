@@ -45,7 +45,7 @@ class NiahTask(Task):
         self._lengths = self._fit_lengths()
 
     def _max_tokens(self) -> int:
-        return int(self.cfg.sampling.max_tokens or 32)
+        return int(self.ctx.max_tokens)
 
     def _fit_lengths(self) -> list[int]:
         cap = self.ctx.max_model_len - self._max_tokens()
