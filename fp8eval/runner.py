@@ -158,7 +158,7 @@ class Runner:
         for k in ("name", "notes", "sampling"):
             model.pop(k, None)
         task_cfg = _as_dict(self.cfg.task)
-        for k in ("repeats", "limit", "sampling"):
+        for k in ("repeats", "limit", "sampling", *task.selection_keys):
             task_cfg.pop(k, None)
         kv_d = _as_dict(kv)
         for k in ("name", "description"):

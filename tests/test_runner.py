@@ -173,3 +173,13 @@ def test_qwen3_config_composes_and_fails_clearly_without_weights(tmp_path):
     proc = run_cli(tmp_path, ["model=qwen3-30b", "kv=fp8", "engine=reference", "task.lengths=[1024]",
                               "task.depths=[50]"], check=False, timeout=600)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
+
+
+def test_a_larger_grid_reuses_the_smaller_grids_records(tmp_path):
+    run_inprocess(tmp_path, ["engine=fake", "task.lengths=[1024]", "task.depths=[0,50]"], "a")
+    bigger = run_inprocess(tmp_path, ["engine=fake", "task.lengths=[1024,2048]", "task.depths=[0,50]"], "b")
+    assert [a["requests_sent"] for a in bigger["arms"].values()] == [2, 2]
+    assert bigger["arms"]["fp8"]["n_samples"] == 4
+    other = run_inprocess(tmp_path, ["engine=fake", "task.lengths=[1024]", "task.depths=[0,50]",
+                                     "task.distractors=1"], "c")
+    assert [a["requests_sent"] for a in other["arms"].values()] == [2, 2]  # prompts differ: new arm

@@ -36,6 +36,7 @@ class NiahTask(Task):
     name = "niah"
     version = "1"
     config_class = NiahConfig
+    selection_keys = ("lengths", "depths", "needles_per_cell")
 
     def __init__(self, cfg: NiahConfig, ctx):
         super().__init__(cfg, ctx)
@@ -62,8 +63,7 @@ class NiahTask(Task):
 
     def fingerprint(self) -> dict[str, Any]:
         return {"prompt_sha256": file_sha256(TASK_DATA_ROOT / "niah" / "prompt.txt"), "needle": NEEDLE,
-                "haystack": "default" if not self.cfg.haystack_dir else self.cfg.haystack_dir,
-                "effective_lengths": self._lengths}
+                "haystack": "default" if not self.cfg.haystack_dir else self.cfg.haystack_dir}
 
     def samples(self) -> list[Sample]:
         out = []
