@@ -183,3 +183,17 @@ def test_a_larger_grid_reuses_the_smaller_grids_records(tmp_path):
     other = run_inprocess(tmp_path, ["engine=fake", "task.lengths=[1024]", "task.depths=[0,50]",
                                      "task.distractors=1"], "c")
     assert [a["requests_sent"] for a in other["arms"].values()] == [2, 2]  # prompts differ: new arm
+
+
+def test_suite_runs_each_task_in_its_own_subdirectory(tmp_path):
+    proc = run_cli(tmp_path, ["suite=reasoning", "suite.tasks=[aime25,math500]", "engine=fake",
+                              "engine.script='const:The answer is \\boxed{70}.'", "task.limit=2", "task.repeats=2"])
+    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    assert "reasoning" in run_dir.name
+    suite = json.loads((run_dir / "suite.json").read_text())
+    assert suite["suite"] == ["aime25", "math500"]
+    aime = json.loads((run_dir / "aime25" / "summary.json").read_text())
+    assert aime["task"] == "aime25" and aime["arms"]["fp8"]["n_repeats"] == 2
+    assert aime["arms"]["fp8"]["score"] == 0.5  # 70 is the answer to the first 2025 problem only
+    assert (run_dir / "math500" / ".hydra" / "config.yaml").exists()
+    assert (run_dir / "report" / "recovery.csv").exists()
