@@ -71,7 +71,7 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # compute dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16
     threads: Optional[int] = None
-    prefill_chunk: int = 2048
+    prefill_chunk: int = 8192  # tokens per forward in prefill; one chunk lets SDPA use its causal kernel
     model_cache_dir: Optional[str] = None  # where converted safetensors live (default ~/.cache/fp8eval)
     # fake engine
     script: str = "echo_needle"  # a rule name from fp8eval.engines.fake, or a path to a JSONL script
