@@ -24,7 +24,6 @@ import socket
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
@@ -59,20 +58,6 @@ def parse_cache_config_info(metrics_text: str) -> dict[str, str] | None:
     return None
 
 
-def _log_dir(cfg) -> Path:
-    configured = getattr(cfg.engine, "log_dir", None)
-    if configured:
-        return Path(configured)
-    try:
-        from hydra.core.hydra_config import HydraConfig
-
-        if HydraConfig.initialized():
-            return Path(HydraConfig.get().runtime.output_dir)
-    except Exception:
-        pass
-    return Path.cwd()
-
-
 class ServerEngine:
     kind = "server"
 
@@ -80,7 +65,7 @@ class ServerEngine:
     retry_backoff_s = 1.0
     retry_backoff_cap_s = 30.0
 
-    def __init__(self, cfg, kv):
+    def __init__(self, cfg, kv, shared: dict | None = None):
         self.cfg = cfg
         self.kv = kv
         e = cfg.engine
@@ -113,10 +98,9 @@ class ServerEngine:
     def _engine_args(cfg, kv) -> dict[str, Any]:
         if cfg.engine.base_url:
             # External server: the args are what the arm declares; only preflight says what runs.
-            from fp8eval import engines
+            from fp8eval.engines import engine_args
 
-            if hasattr(engines, "engine_args"):
-                return dict(vc.plain(engines.engine_args(cfg, kv)))
+            return dict(vc.plain(engine_args(cfg, kv)))
         return vc.merged_engine_args(cfg, kv)
 
     # -- managed server ----------------------------------------------------------------------------
@@ -138,7 +122,7 @@ class ServerEngine:
         python = vc.vllm_python()
         cmd = [python, "-m", SERVER_MODULE, "--host", "127.0.0.1", "--port", str(port), *flags,
                *[str(f) for f in e.extra_flags]]
-        log_path = _log_dir(self.cfg) / f"vllm-server-{getattr(self.kv, 'name', 'arm')}-{port}.log"
+        log_path = vc.log_dir(self.cfg) / f"vllm-server-{getattr(self.kv, 'name', 'arm')}-{port}.log"
         self.log_path = log_path
         self._server = vc.ChildProcess(cmd, log_path, env=vc.child_env(getattr(e, "threads", None)))
         ok = vc.wait_until(self._healthy, float(e.startup_timeout_s), interval_s=1.0,

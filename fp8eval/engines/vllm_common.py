@@ -30,6 +30,22 @@ def vllm_python() -> str:
     return os.environ.get(VLLM_PYTHON_ENV) or sys.executable
 
 
+def log_dir(cfg) -> Path:
+    """Where vLLM's own log goes: `engine.log_dir` if the config has one, else the Hydra run directory
+    (the one that gets summary.json), else the working directory."""
+    configured = getattr(cfg.engine, "log_dir", None)
+    if configured:
+        return Path(configured)
+    try:
+        from hydra.core.hydra_config import HydraConfig
+
+        if HydraConfig.initialized():
+            return Path(HydraConfig.get().runtime.output_dir)
+    except Exception:
+        pass
+    return Path.cwd()
+
+
 # ---------------------------------------------------------------------------------------------------
 # Engine args
 
@@ -40,16 +56,9 @@ def merged_engine_args(cfg, kv) -> dict[str, Any]:
     The embedded model (a GGUF shipped in a PyPI package) is replaced by its safetensors conversion:
     vLLM on CPU does not load GGUF.
     """
-    from fp8eval import engines
+    from fp8eval.engines import engine_args
 
-    if hasattr(engines, "engine_args"):
-        args = dict(plain(engines.engine_args(cfg, kv)))
-    else:  # the documented formula (docs/ARCHITECTURE.md), until the shared helper exists
-        m = cfg.model
-        args = {"model": m.hf_id, "revision": m.revision, "max_model_len": m.max_model_len,
-                "tensor_parallel_size": m.tensor_parallel_size}
-        for layer in (m.engine_args, kv.engine_args, cfg.engine.engine_args):
-            args.update(plain(layer) or {})
+    args = dict(plain(engine_args(cfg, kv)))
     model_cfg = cfg.model
     if getattr(model_cfg, "embedded_package", None) or getattr(model_cfg, "gguf_file", None):
         from fp8eval.models import local_model_dir

@@ -30,14 +30,14 @@ WORKER_MODULE = "fp8eval.engines.vllm_offline"
 class VLLMOfflineEngine:
     kind = "vllm"
 
-    def __init__(self, cfg, kv, log_dir: str | Path | None = None):
+    def __init__(self, cfg, kv, shared: dict | None = None):
         self.cfg = cfg
         self.kv = kv
         self.args = vc.plain(self._engine_args(cfg, kv))
         self.requested_kv = vc.requested_kv(self.args)
         self.trust_declared_kv = bool(getattr(cfg.engine, "trust_declared_kv", False))
         self.threads = getattr(cfg.engine, "threads", None)
-        self.log_dir = Path(log_dir or getattr(cfg.engine, "log_dir", None) or os.getcwd())
+        self.log_dir = vc.log_dir(cfg)
         self.log_path = self.log_dir / f"vllm-{getattr(kv, 'name', 'arm')}-{os.getpid()}-{int(time.time())}.log"
         self.python = vc.vllm_python()
         self.preflight: dict[str, Any] = {}
