@@ -13,7 +13,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from fp8eval.config import KVConfig, RunConfig, SamplingConfig
-from fp8eval.engines import build_engine
+from fp8eval.engines import build_engine, precheck
 from fp8eval.engines.base import EngineError, Request
 from fp8eval.reasoning import split_reasoning
 from fp8eval.records import RECORD_SCHEMA, ArmStore, fingerprint_hash
@@ -242,6 +242,8 @@ class Runner:
         summaries: dict[str, dict] = {}
         task = items = None
         notes: list[str] = []
+        for _, kv, _ in arms:  # before any arm runs: a doomed variant must not cost a baseline run
+            precheck(cfg, kv)
         for name, kv, role in arms:
             engine = build_engine(cfg, kv, self.shared)
             try:

