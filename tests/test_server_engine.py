@@ -252,6 +252,19 @@ def test_describe_separates_bf16_and_fp8_servers_behind_one_url():
     assert d_fp8["preflight"]["max_model_len"] == 4096 and d_fp8["preflight"]["server_version"] == "0.32.0-fake"
 
 
+def test_base_urls_send_each_arm_to_its_own_server():
+    with FakeOpenAIServer(cache_dtype="auto") as bf16_srv, FakeOpenAIServer(cache_dtype="fp8") as fp8_srv:
+        cfg = make_cfg(None)
+        cfg.engine.base_urls = {"bf16": bf16_srv.url, "fp8": fp8_srv.url}
+        for kv, srv in ((BF16, bf16_srv), (FP8, fp8_srv)):
+            eng = ServerEngine(cfg, kv)
+            try:
+                assert len(list(eng.generate(requests(1)))) == 1
+            finally:
+                eng.close()
+            assert srv.generation_calls == 1
+
+
 def test_count_prompt_tokens_uses_server_tokenizer():
     with FakeOpenAIServer() as srv:
         eng = ServerEngine(make_cfg(srv.url), BF16)

@@ -74,7 +74,8 @@ class ServerEngine:
         self.cfg = cfg
         self.kv = kv
         e = cfg.engine
-        self.managed = not e.base_url
+        self.base_url = (e.base_urls or {}).get(kv.name) or e.base_url
+        self.managed = not self.base_url
         self.concurrency = max(1, int(e.concurrency))
         self.request_timeout_s = float(e.request_timeout_s)
         self.max_retries = max(0, int(e.max_retries))
@@ -91,7 +92,7 @@ class ServerEngine:
             if self.managed:
                 self._start_server()
             else:
-                self.root = str(e.base_url).rstrip("/")
+                self.root = str(self.base_url).rstrip("/")
                 if self.root.endswith("/v1"):
                     self.root = self.root[: -len("/v1")]
             self._run_preflight()
@@ -101,7 +102,7 @@ class ServerEngine:
 
     @staticmethod
     def _engine_args(cfg, kv) -> dict[str, Any]:
-        if cfg.engine.base_url:
+        if (cfg.engine.base_urls or {}).get(kv.name) or cfg.engine.base_url:
             # External server: the args are what the arm declares; only preflight says what runs.
             from fp8eval.engines import engine_args
 
@@ -114,7 +115,7 @@ class ServerEngine:
     def precheck(cfg, kv) -> None:
         """Cheap refusals before any arm runs (managed mode only: an external server is checked by
         its preflight)."""
-        if not cfg.engine.base_url:
+        if not ((cfg.engine.base_urls or {}).get(kv.name) or cfg.engine.base_url):
             from fp8eval.engines import engine_args
 
             vc.precheck_fp8_on_cpu(vc.plain(engine_args(cfg, kv)))
@@ -135,7 +136,7 @@ class ServerEngine:
                *[str(f) for f in e.extra_flags]]
         log_path = vc.log_dir(self.cfg) / f"vllm-server-{getattr(self.kv, 'name', 'arm')}-{port}.log"
         self.log_path = log_path
-        self._server = vc.ChildProcess(cmd, log_path, env=vc.child_env(getattr(e, "threads", None)))
+        self._server = vc.ChildProcess(cmd, log_path, env=vc.child_env(vc.cpu_threads(e.threads, self.args)))
         ok = vc.wait_until(self._healthy, float(e.startup_timeout_s), interval_s=1.0,
                            alive=self._server.alive)
         log = self._server.log_text()

@@ -440,6 +440,13 @@ class ChildProcess:
             _LIVE.discard(self)
 
 
+def cpu_threads(configured: int | None, args: dict[str, Any]) -> int | None:
+    """engine.threads, or every core this process may use when vLLM runs on the CPU."""
+    if configured:
+        return int(configured)
+    return len(os.sched_getaffinity(0)) if runs_on_cpu(args) else None
+
+
 def child_env(threads: int | None = None) -> dict[str, str]:
     """Environment for a vLLM child: the project importable, explicit CPU threads when given."""
     env = dict(os.environ)

@@ -75,7 +75,7 @@ class VLLMOfflineEngine:
 
     def _start(self) -> None:
         vc.precheck_fp8_on_cpu(self.args)
-        env = vc.child_env(self.threads)
+        env = vc.child_env(vc.cpu_threads(self.threads, self.args))
         import subprocess
 
         self._child = vc.ChildProcess(
