@@ -89,6 +89,8 @@ class EngineConfig:
     startup_timeout_s: float = 1200.0
     trust_declared_kv: bool = False
     extra_flags: list[str] = field(default_factory=list)
+    # vllm / server engines: where vLLM's own log goes (null: the Hydra run directory, else the cwd)
+    log_dir: Optional[str] = None
 
 
 @dataclass

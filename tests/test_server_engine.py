@@ -102,6 +102,10 @@ def test_warning_scan_and_root_cause():
         "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
     ])
     assert vc.root_cause_line(crash) == "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX."
+    # a warning that quotes an exception is not the cause
+    noisy = ("(Worker pid=3) WARNING 12-01 03:39:23 [utils.py:597] Failed to create oneDNN linear, fallback "
+             "to torch linear. Exception: could not create a primitive descriptor\n" + crash)
+    assert vc.root_cause_line(noisy).startswith("NotImplementedError: FP8 KV cache on CPU")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -343,9 +347,10 @@ def compose_run(overrides: list[str]):
 def run_arm(tmp_path: Path, overrides: list[str]) -> dict:
     from fp8eval.runner import Runner
 
+    run_dir = tmp_path / "run"
     cfg = compose_run(["model=smollm2-135m", "kv=bf16", "baseline=none", "progress=false",
-                       "report=false", f"records_dir={tmp_path / 'records'}", *NIAH_SMALL, *overrides])
-    run_dir = tmp_path / "run" / cfg.engine.kind
+                       "report=false", f"records_dir={tmp_path / 'records'}", f"engine.log_dir={run_dir}",
+                       *NIAH_SMALL, *overrides])
     summary = Runner(cfg, run_dir).run()
     arm = summary["arms"]["bf16"]
     records = [json.loads(l) for l in Path(arm["records"]).read_text().splitlines()]
@@ -439,8 +444,7 @@ def test_fp8_error_from_vllm_itself_is_explained(tmp_path, monkeypatch):
         pytest.skip("this CPU has AVX-512 or AMX")
     monkeypatch.setenv("FP8EVAL_VLLM_PYTHON", VLLM_ENV_PYTHON)
     monkeypatch.setattr(vc, "cpu_lacks_fp8_kv", lambda: None)
-    cfg = compose_run(["model=smollm2-135m", "kv=fp8", "engine=vllm", *CPU_ARGS])
-    monkeypatch.chdir(tmp_path)  # the worker's log lands in the working directory outside a Hydra run
+    cfg = compose_run(["model=smollm2-135m", "kv=fp8", "engine=vllm", f"engine.log_dir={tmp_path}", *CPU_ARGS])
     with pytest.raises(EngineError) as err:
         VLLMOfflineEngine(cfg, cfg.kv)
     msg = str(err.value)

@@ -369,7 +369,8 @@ class ServerEngine:
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
             while tasks and not failure and not stop.is_set():
-                await asyncio.wait(set(tasks), return_when=asyncio.FIRST_COMPLETED)
+                # Wakes up now and then so a consumer that stopped reading is noticed.
+                await asyncio.wait(set(tasks), timeout=0.5, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in list(tasks):
                 task.cancel()
@@ -447,9 +448,15 @@ class ServerEngine:
                 n_out = int(usage.completion_tokens or 0)
             else:
                 n_out = -1  # unknown per choice: the server gave only a total
-            finish = ch.finish_reason if ch.finish_reason in ("stop", "length") else (
-                "stop" if ch.finish_reason in (None, "eos", "stop_sequence") else str(ch.finish_reason))
-            choices.append(Choice(text=text, finish_reason=finish, output_tokens=n_out, reasoning=reasoning))
+            error = None
+            if ch.finish_reason in ("stop", "length"):
+                finish = ch.finish_reason
+            elif ch.finish_reason in (None, "eos", "stop_sequence", "tool_calls"):
+                finish = "stop"
+            else:  # "abort", "error", ...: not an answer to score
+                finish, error = "error", f"server finish_reason={ch.finish_reason}"
+            choices.append(Choice(text=text, finish_reason=finish, output_tokens=n_out, reasoning=reasoning,
+                                  error=error))
         prompt_tokens = int(getattr(usage, "prompt_tokens", 0) or 0)
         details = getattr(usage, "prompt_tokens_details", None)
         cached = getattr(details, "cached_tokens", None) if details is not None else None

@@ -296,6 +296,7 @@ def attention_backend_from_log(found: dict[str, list[str]]) -> str | None:
 _WRAPPERS = re.compile(r"(Engine core initialization failed|EngineDeadError|"
                        r"Failed core proc|WorkerProc initialization failed)", re.I)
 _EXC_LINE = re.compile(r"\b((?:[A-Za-z_][\w.]*)?(?:Error|Exception|NotImplementedError)): (.+)$")
+_EXC_START = re.compile(r"^(?:[A-Za-z_][\w.]*\.)?[A-Za-z_]\w*(?:Error|Exception|Interrupt)\b: ")
 _LOG_PREFIX = re.compile(r"^\(.*?\)\s+(ERROR|WARNING|INFO)\s+\S+\s+\S+\s+\[[^\]]*\]\s*")
 
 
@@ -304,14 +305,19 @@ def root_cause_line(text: str) -> str:
 
     vLLM's front end reports "Engine core initialization failed. See root cause above."; the cause
     (e.g. "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.") is in a
-    helper process's traceback earlier in the log.
+    helper process's traceback earlier in the log. Only lines that start with an exception name count:
+    warnings that quote an exception (oneDNN fallbacks) are not causes.
     """
     candidates = []
     for raw in text.splitlines():
-        line = _LOG_PREFIX.sub("", _ANSI.sub("", raw)).strip()
-        m = _EXC_LINE.search(line)
+        clean = _ANSI.sub("", raw).strip()
+        level = _LOG_PREFIX.match(clean)
+        if level and level.group(1) != "ERROR":
+            continue
+        line = _LOG_PREFIX.sub("", clean).strip()
+        m = _EXC_START.match(line)
         if m and not _WRAPPERS.search(line):
-            candidates.append(f"{m.group(1)}: {m.group(2)}".strip())
+            candidates.append(line)
     if candidates:
         return candidates[0][:600]
     return last_error_line(text)

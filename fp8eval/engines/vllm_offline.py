@@ -146,6 +146,14 @@ class VLLMOfflineEngine:
 
     def _recv(self, timeout_s: float | None = None) -> dict:
         assert self._child is not None
+        if timeout_s is not None:  # only before the first reply, while nothing is buffered yet
+            import select
+
+            ready, _, _ = select.select([self._child.proc.stdout], [], [], timeout_s)
+            if not ready:
+                raise EngineError(
+                    f"vLLM did not finish starting within {timeout_s:.0f} s (engine.startup_timeout_s). "
+                    f"Its log: {self.log_path}. Nothing was written to the records store.")
         line = self._child.proc.stdout.readline()
         if not line:
             self._child.proc.wait(timeout=30)
