@@ -71,7 +71,7 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # compute dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16
     threads: Optional[int] = None
-    prefill_chunk: int = 2048
+    prefill_chunk: int = 8192  # tokens per forward in prefill; one chunk lets SDPA use its causal kernel
     model_cache_dir: Optional[str] = None  # where converted safetensors live (default ~/.cache/fp8eval)
     # fake engine
     script: str = "echo_needle"  # a rule name from fp8eval.engines.fake, or a path to a JSONL script
@@ -103,11 +103,19 @@ class TaskConfig:
 
 
 @dataclass
+class SuiteConfig:
+    name: str = MISSING
+    tasks: list[str] = MISSING  # task options, each run with its own conf/task/<name>.yaml
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = MISSING
     kv: KVConfig = MISSING
     engine: EngineConfig = MISSING
     task: TaskConfig = MISSING
+    # `suite=reasoning` runs several tasks in one invocation (each in a subdirectory of the run dir).
+    suite: Optional[SuiteConfig] = None
     # User overrides on top of model and task sampling (null fields change nothing).
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     seed: int = 1234
@@ -131,5 +139,6 @@ def register_configs() -> None:
     cs.store(group="schema/kv", name="kv", node=KVConfig)
     cs.store(group="schema/engine", name="engine", node=EngineConfig)
     cs.store(group="schema/task", name="task", node=TaskConfig)
+    cs.store(group="schema/suite", name="suite", node=SuiteConfig)
     for name, cls in task_config_classes().items():
         cs.store(group="schema/task", name=name, node=cls)

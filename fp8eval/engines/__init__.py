@@ -27,19 +27,6 @@ def engine_args(cfg: RunConfig, kv: KVConfig) -> dict:
     return args
 
 
-def precheck(cfg: RunConfig, kv: KVConfig) -> None:
-    """Refuse, before any arm starts, a configuration an engine can tell it cannot serve without
-    loading anything (e.g. an FP8 KV cache on a CPU vLLM without AVX-512). Engines opt in with a
-    `precheck(cfg, kv)` staticmethod; the rest pass."""
-    kind = cfg.engine.kind
-    if kind not in ENGINES:
-        return
-    module, _, cls = ENGINES[kind].partition(":")
-    check = getattr(getattr(importlib.import_module(module), cls), "precheck", None)
-    if check is not None:
-        check(cfg, kv)
-
-
 def build_engine(cfg: RunConfig, kv: KVConfig, shared: dict | None = None) -> Engine:
     kind = cfg.engine.kind
     if kind not in ENGINES:

@@ -111,7 +111,13 @@ class ReferenceEngine:
             if key not in self._shared:
                 from transformers import AutoTokenizer
 
-                self._shared[key] = AutoTokenizer.from_pretrained(self._model_dir(), revision=self.cfg.model.revision)
+                try:
+                    self._shared[key] = AutoTokenizer.from_pretrained(self._model_dir(), revision=self.cfg.model.revision)
+                except OSError as e:
+                    raise EngineError(
+                        f"Could not load the tokenizer of {self.cfg.model.hf_id!r} for the reference engine: {e}. "
+                        f"Without hub access, point model.hf_id at a local directory with the weights."
+                    ) from e
             self._tok = self._shared[key]
         return self._tok
 

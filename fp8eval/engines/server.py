@@ -111,15 +111,6 @@ class ServerEngine:
 
     # -- managed server ----------------------------------------------------------------------------
 
-    @staticmethod
-    def precheck(cfg, kv) -> None:
-        """Cheap refusals before any arm runs (managed mode only: an external server is checked by
-        its preflight)."""
-        if not ((cfg.engine.base_urls or {}).get(kv.name) or cfg.engine.base_url):
-            from fp8eval.engines import engine_args
-
-            vc.precheck_fp8_on_cpu(vc.plain(engine_args(cfg, kv)))
-
     def _start_server(self) -> None:
         e = self.cfg.engine
         vc.precheck_fp8_on_cpu(self.args)

@@ -66,13 +66,6 @@ class VLLMOfflineEngine:
                 )
         return args
 
-    @staticmethod
-    def precheck(cfg, kv) -> None:
-        """Cheap refusals before any arm runs (no model load): see fp8eval.engines.precheck."""
-        from fp8eval.engines import engine_args
-
-        vc.precheck_fp8_on_cpu(vc.plain(engine_args(cfg, kv)))
-
     def _start(self) -> None:
         vc.precheck_fp8_on_cpu(self.args)
         env = vc.child_env(vc.cpu_threads(self.threads, self.args))
