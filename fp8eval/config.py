@@ -78,6 +78,9 @@ class EngineConfig:
     fail_after: Optional[int] = None  # raise after this many requests (tests crash handling)
     # server engine
     base_url: Optional[str] = None  # attach to this OpenAI-compatible URL; null = start vllm serve
+    # Per-arm URLs (kv name -> URL) for external servers: the KV dtype is a server start-up flag, so a
+    # paired run needs a BF16 server and an FP8 server. An arm not listed uses base_url.
+    base_urls: dict[str, str] = field(default_factory=dict)
     api_key_env: str = "OPENAI_API_KEY"  # name of the environment variable; the key is never written
     served_model_name: Optional[str] = None
     concurrency: int = 8
@@ -86,6 +89,8 @@ class EngineConfig:
     startup_timeout_s: float = 1200.0
     trust_declared_kv: bool = False
     extra_flags: list[str] = field(default_factory=list)
+    # vllm / server engines: where vLLM's own log goes (null: the Hydra run directory, else the cwd)
+    log_dir: Optional[str] = None
 
 
 @dataclass
