@@ -217,7 +217,7 @@ class Runner:
         records = select(store.records(), set(current))
         summary = arm_summary(records)
         summary.update({"records": str(store.path), "fingerprint": fp, "requests_sent": sent,
-                        "kv_name": kv.name})
+                        "kv_name": kv.name, "engine": material["engine"].get("kind")})
         summary.update(task.summarize(summary, records))
         return summary
 

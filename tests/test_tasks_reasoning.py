@@ -317,7 +317,7 @@ def test_task_yaml_matches_its_schema(name):
     from omegaconf import OmegaConf
 
     raw = OmegaConf.load(REPO / "conf" / "task" / f"{name}.yaml")
-    assert list(raw.defaults) == [f"{name}_schema", "_self_"]
+    assert list(raw.defaults) == [f"/schema/task/{name}@_here_", "_self_"]
     body = {k: v for k, v in OmegaConf.to_container(raw).items() if k != "defaults"}
     cfg = OmegaConf.merge(OmegaConf.structured(task_class(name).config_class), body)
     assert cfg.name == name

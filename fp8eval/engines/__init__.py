@@ -27,9 +27,28 @@ def engine_args(cfg: RunConfig, kv: KVConfig) -> dict:
     return args
 
 
-def build_engine(cfg: RunConfig, kv: KVConfig, shared: dict | None = None) -> Engine:
+def resolve_kind(cfg: RunConfig) -> str:
+    """`auto`: vLLM where it can run the model (installed, a CUDA GPU, weights it can load), else the
+    reference engine. So `python -m fp8eval model=qwen3-30b kv=fp8` is one command on a GPU box and on a
+    laptop, and the embedded GGUF models always take the reference engine."""
     kind = cfg.engine.kind
+    if kind != "auto":
+        return kind
+    import importlib.util
+
+    if cfg.model.embedded_package or importlib.util.find_spec("vllm") is None:
+        return "reference"
+    try:
+        import torch
+
+        return "vllm" if torch.cuda.is_available() else "reference"
+    except ImportError:
+        return "reference"
+
+
+def build_engine(cfg: RunConfig, kv: KVConfig, shared: dict | None = None) -> Engine:
+    kind = resolve_kind(cfg)
     if kind not in ENGINES:
-        raise EngineError(f"unknown engine kind {kind!r}; valid: {', '.join(sorted(ENGINES))}")
+        raise EngineError(f"unknown engine kind {kind!r}; valid: auto, {', '.join(sorted(ENGINES))}")
     module, _, cls = ENGINES[kind].partition(":")
     return getattr(importlib.import_module(module), cls)(cfg, kv, shared)

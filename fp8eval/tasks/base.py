@@ -56,7 +56,8 @@ class TaskContext:
     max_model_len: int
     model_name: str
     seed: int
-    max_tokens: int = 256  # the effective output budget of every request (prompt + this must fit)
+    # The effective output budget of every request (prompt + this must fit); None outside the runner.
+    max_tokens: int | None = None
 
 
 class SkipSample(Exception):

@@ -46,7 +46,7 @@ class NiahTask(Task):
         self._lengths = self._fit_lengths()
 
     def _max_tokens(self) -> int:
-        return int(self.ctx.max_tokens)
+        return int(self.ctx.max_tokens or self.cfg.sampling.max_tokens or 32)
 
     def _fit_lengths(self) -> list[int]:
         cap = self.ctx.max_model_len - self._max_tokens()
