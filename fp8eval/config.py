@@ -71,13 +71,16 @@ class EngineConfig:
     device: str = "auto"  # auto | cpu | cuda
     dtype: str = "auto"  # compute dtype: auto (float32 on CPU, bfloat16 on GPU) | float32 | bfloat16
     threads: Optional[int] = None
-    prefill_chunk: int = 2048
+    prefill_chunk: int = 8192  # tokens per forward in prefill; one chunk lets SDPA use its causal kernel
     model_cache_dir: Optional[str] = None  # where converted safetensors live (default ~/.cache/fp8eval)
     # fake engine
     script: str = "echo_needle"  # a rule name from fp8eval.engines.fake, or a path to a JSONL script
     fail_after: Optional[int] = None  # raise after this many requests (tests crash handling)
     # server engine
     base_url: Optional[str] = None  # attach to this OpenAI-compatible URL; null = start vllm serve
+    # Per-arm URLs (kv name -> URL) for external servers: the KV dtype is a server start-up flag, so a
+    # paired run needs a BF16 server and an FP8 server. An arm not listed uses base_url.
+    base_urls: dict[str, str] = field(default_factory=dict)
     api_key_env: str = "OPENAI_API_KEY"  # name of the environment variable; the key is never written
     served_model_name: Optional[str] = None
     concurrency: int = 8
@@ -86,6 +89,8 @@ class EngineConfig:
     startup_timeout_s: float = 1200.0
     trust_declared_kv: bool = False
     extra_flags: list[str] = field(default_factory=list)
+    # vllm / server engines: where vLLM's own log goes (null: the Hydra run directory, else the cwd)
+    log_dir: Optional[str] = None
 
 
 @dataclass

@@ -291,6 +291,8 @@ class Runner:
                         self.out(f"note: {line}")
                 summaries[name] = self.run_arm(task, engine, kv, items)
                 summaries[name]["role"] = role
+                if hasattr(engine, "startup_warnings"):  # vLLM engines: uncalibrated scales, fallbacks
+                    summaries[name]["engine_warnings"] = engine.startup_warnings()
             finally:
                 engine.close()
         summary: dict[str, Any] = {

@@ -11,6 +11,8 @@ from fp8eval.engines.base import Engine, EngineError
 ENGINES: dict[str, str] = {
     "fake": "fp8eval.engines.fake:FakeEngine",
     "reference": "fp8eval.engines.reference:ReferenceEngine",
+    "vllm": "fp8eval.engines.vllm_offline:VLLMOfflineEngine",
+    "server": "fp8eval.engines.server:ServerEngine",
 }
 
 

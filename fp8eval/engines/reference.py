@@ -113,9 +113,20 @@ class ReferenceEngine:
             if key not in self._shared:
                 from transformers import AutoTokenizer
 
-                self._shared[key] = AutoTokenizer.from_pretrained(self._model_dir(), revision=self.cfg.model.revision)
+                try:
+                    self._shared[key] = AutoTokenizer.from_pretrained(self._model_dir(),
+                                                                      revision=self.cfg.model.revision)
+                except (OSError, ValueError) as e:
+                    raise EngineError(self._unavailable(e)) from e
             self._tok = self._shared[key]
         return self._tok
+
+    def _unavailable(self, e: Exception) -> str:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return (f"The reference engine could not load {self.cfg.model.hf_id!r} ({first}). Without access to "
+                f"the model hub, download the weights elsewhere and point model.hf_id at that directory; on a GPU "
+                f"box with vLLM installed, use engine=vllm (or engine=server). The embedded models "
+                f"(model=smollm2-135m, model=gemma3-270m) need no hub.")
 
     def _model_dir(self):
         key = ("dir", self.cfg.model.name)
@@ -146,11 +157,8 @@ class ReferenceEngine:
                 model = AutoModelForCausalLM.from_pretrained(
                     self._model_dir(), revision=self.cfg.model.revision,
                     dtype=getattr(torch, self._compute_dtype_name()), attn_implementation=name)
-            except OSError as e:
-                raise EngineError(
-                    f"Could not load model {self.cfg.model.hf_id!r} for the reference engine: {e}. Without hub "
-                    f"access, point model.hf_id at a local directory with the weights."
-                ) from e
+            except (OSError, ValueError) as e:
+                raise EngineError(self._unavailable(e)) from e
             model.to(self._device_name()).eval()
             self._shared[key] = model
         self._model = self._shared[key]

@@ -1,0 +1,426 @@
+"""`engine=vllm`: offline `vllm.LLM(**engine_args)` in a worker process of its own.
+
+Why a worker process: the two arms of a pairing must never share one process's GPU memory (vLLM does
+not give all of it back on teardown), and vLLM often lives in another Python environment (vllm-cpu
+next to a CPU torch, `FP8EVAL_VLLM_PYTHON`). The worker speaks JSON lines on a private pipe; vLLM's
+own output goes to a log file in the run directory, which is scanned for the start-up warnings that
+matter.
+
+The worker is started and preflighted in the constructor, so a configuration vLLM cannot serve (an
+FP8 cache on a CPU without AVX-512, a missing vllm) fails before the runner opens any records store.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+from fp8eval.engines.base import Choice, Completion, EngineError, Request
+from fp8eval.engines import vllm_common as vc
+
+WORKER_MODULE = "fp8eval.engines.vllm_offline"
+
+
+class VLLMOfflineEngine:
+    kind = "vllm"
+
+    def __init__(self, cfg, kv, shared: dict | None = None):
+        self.cfg = cfg
+        self.kv = kv
+        self.args = vc.plain(self._engine_args(cfg, kv))
+        self.requested_kv = vc.requested_kv(self.args)
+        self.trust_declared_kv = bool(getattr(cfg.engine, "trust_declared_kv", False))
+        self.threads = getattr(cfg.engine, "threads", None)
+        self.log_dir = vc.log_dir(cfg)
+        self.log_path = self.log_dir / f"vllm-{getattr(kv, 'name', 'arm')}-{os.getpid()}-{int(time.time())}.log"
+        self.python = vc.vllm_python()
+        self.preflight: dict[str, Any] = {}
+        self.warnings: dict[str, list[str]] = {}
+        self._child: vc.ChildProcess | None = None
+        self._proto = None
+        self._lock = threading.Lock()
+        self._start()
+
+    # -- construction ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _engine_args(cfg, kv) -> dict[str, Any]:
+        args = vc.merged_engine_args(cfg, kv)
+        scales = getattr(kv, "scales", None)
+        if scales:
+            if Path(scales).is_dir():
+                # vLLM reads k_scale / v_scale only from a checkpoint: serve that checkpoint.
+                args["model"] = str(scales)
+            else:
+                raise EngineError(
+                    f"kv option {kv.name!r} takes its scales from {scales!r}, a file; vLLM reads KV "
+                    "scales only from a checkpoint (compressed-tensors k_scale/v_scale next to the "
+                    "weights). Point `kv.scales` at such a checkpoint directory, or run this arm with "
+                    "`engine=reference`, which applies a scales file itself."
+                )
+        return args
+
+    def _start(self) -> None:
+        vc.precheck_fp8_on_cpu(self.args)
+        env = vc.child_env(vc.cpu_threads(self.threads, self.args))
+        import subprocess
+
+        self._child = vc.ChildProcess(
+            [self.python, "-m", WORKER_MODULE, "--worker"], self.log_path, env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        )
+        spec = {"engine_args": self.args}
+        try:
+            self._send(spec)
+            reply = self._recv(timeout_s=float(getattr(self.cfg.engine, "startup_timeout_s", 1200.0)))
+        except EngineError:
+            self.close()
+            raise
+        self._child_log = self._child.log_text()
+        self.warnings = vc.scan_log_lines(self._child_log.splitlines())
+        if reply.get("op") == "error":
+            self.close()
+            raise EngineError(self._startup_error(reply))
+        self.preflight = reply["preflight"]
+        backend = vc.attention_backend_from_log(self.warnings)
+        if backend and not self.preflight.get("attention_backend"):
+            self.preflight["attention_backend"] = backend
+        problems = vc.kv_mismatches(self.requested_kv, self.preflight)
+        if problems:
+            if not self.trust_declared_kv:
+                self.close()
+                raise EngineError(
+                    "vLLM started, but not with the KV cache this arm asks for: " + "; ".join(problems)
+                    + ". Refusing to run, so no record claims a KV config it did not use. Fix the "
+                    "kv option's engine_args, or set `engine.trust_declared_kv=true` to run anyway "
+                    "(recorded in the arm's fingerprint)."
+                )
+            self.preflight["kv_mismatch_trusted"] = problems
+
+    def _runs_on_cpu(self) -> bool:
+        return vc.runs_on_cpu(self.args)
+
+    def _startup_error(self, reply: dict) -> str:
+        detail = f"{reply.get('type', 'Error')}: {reply.get('message', '')}".strip()
+        cause = vc.root_cause_line(self._child_log)
+        if cause and cause not in detail:
+            detail = cause
+        if reply.get("type") == "ModuleNotFoundError" and "vllm" in reply.get("message", ""):
+            return (
+                f"engine=vllm needs the `vllm` package in {self.python}, which cannot import it "
+                f"({detail}). Install vLLM there (GPU: `pip install vllm`; CPU: "
+                "`scripts/install_vllm_cpu.sh /path/to/venv` and point FP8EVAL_VLLM_PYTHON at its "
+                "python), or use `engine=reference`, which runs anywhere."
+            )
+        if vc.uses_fp8_cache(self.args):
+            reason = vc.cpu_lacks_fp8_kv() if self._runs_on_cpu() else None
+            if reason or "fp8" in detail.lower():
+                return vc.fp8_on_cpu_message(reason or "vLLM rejected the FP8 KV cache at start-up", detail)
+        return (
+            f"vLLM failed to start for model {self.args.get('model')!r}: {detail[:800]} "
+            f"Full log: {self.log_path}. Nothing was written to the records store."
+        )
+
+    # -- protocol ----------------------------------------------------------------------------------
+
+    def _send(self, msg: dict) -> None:
+        assert self._child is not None
+        try:
+            self._child.proc.stdin.write((json.dumps(msg) + "\n").encode("utf-8"))
+            self._child.proc.stdin.flush()
+        except (BrokenPipeError, OSError):
+            raise EngineError(self._died_message()) from None
+
+    def _recv(self, timeout_s: float | None = None) -> dict:
+        assert self._child is not None
+        if timeout_s is not None:  # only before the first reply, while nothing is buffered yet
+            import select
+
+            ready, _, _ = select.select([self._child.proc.stdout], [], [], timeout_s)
+            if not ready:
+                raise EngineError(
+                    f"vLLM did not finish starting within {timeout_s:.0f} s (engine.startup_timeout_s). "
+                    f"Its log: {self.log_path}. Nothing was written to the records store.")
+        line = self._child.proc.stdout.readline()
+        if not line:
+            self._child.proc.wait(timeout=30)
+            raise EngineError(self._died_message())
+        return json.loads(line)
+
+    def _died_message(self) -> str:
+        code = self._child.proc.poll() if self._child else None
+        last = vc.root_cause_line(self._child.log_text()) if self._child else ""
+        if vc.uses_fp8_cache(self.args) and self._runs_on_cpu():
+            return vc.fp8_on_cpu_message(vc.cpu_lacks_fp8_kv() or "the vLLM worker died", last)
+        return (
+            f"The vLLM worker process exited (code {code}). Last error in its log: {last or 'none'}. "
+            f"Full log: {self.log_path}. Records written so far are kept; rerun to resume."
+        )
+
+    # -- Engine protocol ---------------------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        out = {
+            "kind": self.kind,
+            "engine_args": {k: v for k, v in sorted(self.args.items())},
+            "requested_kv": self.requested_kv,
+            "preflight": self.preflight,
+        }
+        if self.trust_declared_kv:
+            out["trust_declared_kv"] = True
+        return out
+
+    def startup_warnings(self) -> dict[str, list[str]]:
+        return {k: v for k, v in self.warnings.items() if k != "attention_backend"}
+
+    def max_model_len(self) -> int:
+        return int(self.preflight["max_model_len"])
+
+    def count_prompt_tokens(self, request: Request) -> int:
+        with self._lock:
+            self._send({"op": "count", "request": _request_json(request)})
+            reply = self._recv()
+        if reply.get("op") == "error":
+            raise EngineError(f"vLLM could not tokenize request {request.id}: {reply.get('message')}")
+        return int(reply["n"])
+
+    def generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
+        with self._lock:
+            pending = 0
+            for request in requests:
+                self._send({"op": "add", "request": _request_json(request)})
+                pending += 1
+            if not pending:
+                return
+            self._send({"op": "run"})
+            while True:
+                msg = self._recv()
+                op = msg.get("op")
+                if op == "completion":
+                    yield _completion_from_json(msg["completion"])
+                elif op == "done":
+                    return
+                elif op == "error":
+                    raise EngineError(f"vLLM failed while generating: {msg.get('type')}: {msg.get('message')}. "
+                                      f"Log: {self.log_path}. Records written so far are kept; rerun to resume.")
+
+    def close(self) -> None:
+        child, self._child = self._child, None
+        if child is None:
+            return
+        if child.alive():
+            try:
+                child.proc.stdin.write(b'{"op": "close"}\n')
+                child.proc.stdin.flush()
+                child.proc.wait(timeout=20)
+            except Exception:
+                pass
+        child.stop()
+
+    def __del__(self):  # pragma: no cover - best effort
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+def _request_json(r: Request) -> dict:
+    return {"id": r.id, "messages": list(r.messages), "n": r.n, "seeds": list(r.seeds),
+            "sampling": dict(r.sampling), "chat_template_kwargs": dict(r.chat_template_kwargs or {}),
+            "prompt_text": r.prompt_text}
+
+
+def _completion_from_json(d: dict) -> Completion:
+    return Completion(
+        request_id=d["request_id"],
+        choices=[Choice(**c) for c in d["choices"]],
+        prompt_tokens=d["prompt_tokens"],
+        cached_prompt_tokens=d.get("cached_prompt_tokens"),
+        latency_s=d.get("latency_s", 0.0),
+        extra=d.get("extra", {}),
+    )
+
+
+# =====================================================================================================
+# Worker side (runs in the vLLM Python; imports vllm)
+
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "max_tokens", "stop", "presence_penalty",
+                  "repetition_penalty", "frequency_penalty")
+
+
+class _Worker:
+    def __init__(self, out):
+        self.out = out
+
+    def send(self, msg: dict) -> None:
+        self.out.write(json.dumps(msg, default=str) + "\n")
+        self.out.flush()
+
+    def start(self, engine_args: dict) -> None:
+        from vllm import LLM
+
+        self.llm = LLM(**engine_args)
+        self.tokenizer = self.llm.get_tokenizer()
+        # The model's generation_config values (what `vllm serve` applies to fields a request leaves
+        # unset); vLLM's neutral defaults apply to the rest.
+        self.defaults = dict(self.llm.llm_engine.model_config.get_diff_sampling_param() or {})
+        self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
+
+    def prompt_ids(self, req: dict) -> list[int]:
+        tok = self.tokenizer
+        if req.get("prompt_text") is not None:
+            return list(tok.encode(req["prompt_text"]))
+        # Render the template to text, then tokenize without adding special tokens again: what vLLM's
+        # own chat entry points do, so a BOS in the template is not doubled.
+        text = tok.apply_chat_template(req["messages"], tokenize=False, add_generation_prompt=True,
+                                       **(req.get("chat_template_kwargs") or {}))
+        return list(tok.encode(text, add_special_tokens=False))
+
+    def sampling_params(self, req: dict, prompt_len: int):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        base = {k: v for k, v in self.defaults.items() if k in _SAMPLING_KEYS}
+        for key, value in (req.get("sampling") or {}).items():
+            if value is not None and key in _SAMPLING_KEYS:
+                base[key] = value
+        base = {k: v for k, v in base.items() if v is not None}
+        # Unset max_tokens means "up to the context limit", as in `vllm serve` (SamplingParams'
+        # own default of 16 would silently cut answers).
+        base.setdefault("max_tokens", max(1, self.max_model_len - prompt_len))
+        return SamplingParams(n=req["n"], seed=req["seeds"][0] if req.get("seeds") else None,
+                              output_kind=RequestOutputKind.FINAL_ONLY, **base)
+
+    def preflight(self, engine_args: dict) -> dict:
+        import vllm
+
+        engine = self.llm.llm_engine
+        config = getattr(engine, "vllm_config", None)
+        cache = config.cache_config
+        model = config.model_config
+        out: dict[str, Any] = {
+            "vllm_version": getattr(vllm, "__version__", "unknown"),
+            "cache_dtype": str(cache.cache_dtype),
+            "max_model_len": int(model.max_model_len),
+            "model": str(model.model),
+            "model_dtype": str(model.dtype),
+            "quantization": model.quantization,
+            "block_size": getattr(cache, "block_size", None),
+            "enable_prefix_caching": getattr(cache, "enable_prefix_caching", None),
+            "tensor_parallel_size": config.parallel_config.tensor_parallel_size,
+        }
+        if hasattr(cache, "kv_cache_dtype_skip_layers"):
+            out["kv_cache_dtype_skip_layers"] = list(cache.kv_cache_dtype_skip_layers or [])
+        if hasattr(cache, "calculate_kv_scales"):
+            out["calculate_kv_scales"] = cache.calculate_kv_scales
+        attn = getattr(config, "attention_config", None)
+        backend = getattr(attn, "backend", None) if attn is not None else None
+        out["attention_backend"] = str(getattr(backend, "name", backend)) if backend else None
+        out["kv_scales_source"] = _scales_source(out["cache_dtype"], model)
+        try:
+            from vllm.platforms import current_platform
+
+            out["device"] = str(getattr(current_platform, "device_type", "unknown"))
+            out["device_name"] = str(current_platform.get_device_name())
+        except Exception:
+            pass
+        if out["attention_backend"] is None and out.get("device") == "cpu":
+            # vllm-cpu logs no backend choice for ordinary (non-MLA) attention: CPU_ATTN is the
+            # only one its platform returns for it (vllm/platforms/cpu.py).
+            out["attention_backend"] = "CPU_ATTN"
+        out["generation_defaults"] = dict(sorted(self.defaults.items()))
+        return out
+
+    def run(self, queue: list[dict]) -> None:
+        from vllm.inputs import TokensPrompt
+
+        engine = self.llm.llm_engine
+        started: dict[str, float] = {}
+        for req in queue:
+            ids = self.prompt_ids(req)
+            engine.add_request(req["id"], TokensPrompt(prompt_token_ids=ids), self.sampling_params(req, len(ids)))
+            started[req["id"]] = time.monotonic()
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if not out.finished:
+                    continue
+                prompt_tokens = len(out.prompt_token_ids or [])
+                cached = getattr(out, "num_cached_tokens", None)
+                choices = [
+                    {"text": o.text, "finish_reason": _finish_reason(o.finish_reason),
+                     "output_tokens": len(o.token_ids)}
+                    for o in sorted(out.outputs, key=lambda o: o.index)
+                ]
+                self.send({"op": "completion", "completion": {
+                    "request_id": out.request_id, "choices": choices, "prompt_tokens": prompt_tokens,
+                    "cached_prompt_tokens": cached,
+                    "latency_s": round(time.monotonic() - started.get(out.request_id, time.monotonic()), 4),
+                    "extra": {"computed_prompt_tokens": prompt_tokens - cached if cached is not None else None},
+                }})
+        self.send({"op": "done"})
+
+
+def _finish_reason(reason) -> str:
+    if reason in ("stop", "length"):
+        return reason
+    return "error" if reason in ("abort", "error") else str(reason or "stop")
+
+
+def _scales_source(cache_dtype: str, model_config) -> str:
+    if not cache_dtype.startswith("fp8"):
+        return "none (unquantized cache)"
+    hf = getattr(model_config, "hf_config", None)
+    qc = getattr(hf, "quantization_config", None) or {}
+    if not isinstance(qc, dict):
+        qc = getattr(qc, "to_dict", lambda: {})()
+    if qc.get("kv_cache_scheme"):
+        return "checkpoint (compressed-tensors kv_cache_scheme)"
+    if qc.get("kv_cache_quant_algo"):
+        return "checkpoint (modelopt kv_cache_quant_algo)"
+    return "unit (1.0, uncalibrated)"
+
+
+def _worker_main() -> int:
+    # Our replies use a private copy of stdout; everything vLLM prints (logging, its helper
+    # processes) lands on stderr, which the parent sends to the run's log file.
+    proto = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    worker = _Worker(proto)
+    stdin = sys.stdin
+    spec = json.loads(stdin.readline())
+    try:
+        worker.start(spec["engine_args"])
+        worker.send({"op": "ready", "preflight": worker.preflight(spec["engine_args"])})
+    except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises EngineError
+        traceback.print_exc()
+        worker.send({"op": "error", "type": type(e).__name__, "message": str(e)[:2000]})
+        return 1
+    queue: list[dict] = []
+    for line in stdin:
+        msg = json.loads(line)
+        op = msg.get("op")
+        try:
+            if op == "count":
+                worker.send({"op": "count", "n": len(worker.prompt_ids(msg["request"]))})
+            elif op == "add":
+                queue.append(msg["request"])
+            elif op == "run":
+                batch, queue = queue, []
+                worker.run(batch)
+            elif op == "close":
+                break
+        except Exception as e:  # noqa: BLE001
+            traceback.print_exc()
+            worker.send({"op": "error", "type": type(e).__name__, "message": str(e)[:2000]})
+    return 0
+
+
+if __name__ == "__main__" and "--worker" in sys.argv:
+    sys.exit(_worker_main())
