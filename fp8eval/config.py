@@ -122,6 +122,9 @@ class RunConfig:
     # kv option of the baseline arm every other arm is paired with; "none" runs the arm alone.
     baseline: str = "bf16"
     records_dir: str = "outputs/records"
+    # Processes that score completions while the engine works; null = one per core for tasks whose scorer
+    # is costly (MATH-500's math-verify), none for the rest; 0 scores inline.
+    scoring_workers: Optional[int] = None
     progress: bool = True
     report: bool = True
 

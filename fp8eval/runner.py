@@ -20,6 +20,7 @@ from fp8eval.engines.base import EngineError, Request
 from fp8eval.reasoning import split_reasoning
 from fp8eval.records import RECORD_SCHEMA, ArmStore, fingerprint_hash
 from fp8eval.seeds import derive_seed
+from fp8eval.scoring.pool import Scorer, auto_workers
 from fp8eval.summary import DONE_STATUSES, arm_summary, paired_recovery, select
 from fp8eval.tasks import task_class
 from fp8eval.tasks.base import PROJECT_ROOT, Prompt, Sample, SkipSample, Task, TaskContext
@@ -206,13 +207,22 @@ class Runner:
         sent = 0
         if requests:
             bar = _Progress(len(to_send), f"{task.name} kv={kv.name}", self.cfg.progress)
+            # Scoring may run in worker processes while the engine works; each completion's records are
+            # still appended together (one write, one fsync) once their scores are in.
+            scorer = Scorer(task, auto_workers(task, self.cfg.scoring_workers))
             try:
                 for comp in engine.generate(requests):
                     sent += 1
                     its = by_id[comp.request_id]
-                    store.append([self._record(fp, kv, task, it, comp, ch) for it, ch in zip(its, comp.choices)])
-                    bar.update(len(its))
+                    recs = [self._record(fp, kv, task, it, comp, ch) for it, ch in zip(its, comp.choices)]
+                    scorer.submit(recs, [(it.sample, rec.pop("_answer"), it.repeat)
+                                         for it, rec in zip(its, recs) if rec["status"] == "ok"])
+                    for done, scores in scorer.finished():
+                        bar.update(self._write_scored(store, done, scores))
+                for done, scores in scorer.drain():
+                    bar.update(self._write_scored(store, done, scores))
             finally:
+                scorer.close()
                 bar.close()
         records = select(store.records(), set(current))
         summary = arm_summary(records)
@@ -243,9 +253,17 @@ class Runner:
         if choice.finish_reason == "error":
             rec.update(status="error", score=None, extracted=None, score_details={"error": choice.error})
             return rec
-        score = task.score(it.sample, answer, repeat=it.repeat)
-        rec.update(status="ok", score=float(score.value), extracted=score.extracted, score_details=score.details)
+        # Scored by _write_scored (maybe in a worker process); the runner takes the answer out to score it.
+        rec.update(status="ok", score=None, extracted=None, score_details={}, _answer=answer)
         return rec
+
+    @staticmethod
+    def _write_scored(store: ArmStore, recs: list[dict], scores: list) -> int:
+        ok = [r for r in recs if r["status"] == "ok"]
+        for rec, score in zip(ok, scores, strict=True):
+            rec.update(score=float(score.value), extracted=score.extracted, score_details=score.details)
+        store.append(recs)
+        return len(recs)
 
     # --- the whole run ------------------------------------------------------------------------------------
     def run(self) -> dict:

@@ -56,7 +56,16 @@ def arm_summary(records: list[dict]) -> dict:
         "length_cutoff_rate": len(lengths) / len(scored) if scored else None,
         "mean_prompt_tokens": _mean([r["prompt_tokens"] for r in scored if r.get("prompt_tokens") is not None]),
         "mean_output_tokens": _mean([r["output_tokens"] for r in scored if r.get("output_tokens") is not None]),
+        "prefix_cache_hit_rate": _hit_rate(records),
     }
+
+
+def _hit_rate(records: list[dict]) -> float | None:
+    """Share of prompt tokens the engine served from its prefix cache, over the records whose engine said
+    (None when none did). The repeats of one request share one prefill whatever this says."""
+    known = [r for r in records if r.get("cached_prompt_tokens") is not None and r.get("prompt_tokens")]
+    total = sum(r["prompt_tokens"] for r in known)
+    return sum(r["cached_prompt_tokens"] for r in known) / total if total else None
 
 
 _SUFFIX = {"k": 1e3, "K": 1e3, "M": 1e6}

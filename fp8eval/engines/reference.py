@@ -63,6 +63,8 @@ class ReferenceEngine:
         self._tok = None
         self._model = None
         self._policy = None
+        # Prompt tokens actually run through the model (one prefill per request, whatever its n).
+        self.computed_prefill_tokens = 0
 
     # --- describe ---------------------------------------------------------------------------------
     def describe(self) -> dict:
@@ -221,6 +223,7 @@ class ReferenceEngine:
                 out = model(input_ids=input_ids[:, start:start + chunk], past_key_values=cache, use_cache=True,
                             logits_to_keep=1)
                 logits = out.logits[:, -1, :]
+                self.computed_prefill_tokens += min(chunk, len(ids) - start)
             n = req.n
             if n > 1:
                 cache.batch_repeat_interleave(n)
@@ -251,8 +254,9 @@ class ReferenceEngine:
             if finish[i] == "stop" and stops:
                 text = _cut_at_stop(text, stops)
             choices.append(Choice(text=text, finish_reason=finish[i] or "length", output_tokens=len(outs[i])))
+        # No cache across requests (cached 0); the n samples share this one prefill of len(ids) tokens.
         return Completion(request_id=req.id, choices=choices, prompt_tokens=len(ids), cached_prompt_tokens=0,
-                          latency_s=time.perf_counter() - t0)
+                          latency_s=time.perf_counter() - t0, extra={"computed_prompt_tokens": len(ids)})
 
     def close(self) -> None:
         self._model = None

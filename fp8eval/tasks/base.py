@@ -76,6 +76,9 @@ class Task:
     # sample's prompt or score is: they stay out of the arm fingerprint, so a larger grid reuses the
     # records of a smaller one. Each reused record's prompt hash is still checked.
     selection_keys: ClassVar[tuple[str, ...]] = ()
+    # True when score() costs enough (math-verify: milliseconds an answer) that scoring in worker
+    # processes beats a process pool's start-up (fp8eval.scoring.pool).
+    parallel_scoring: ClassVar[bool] = False
 
     def __init__(self, cfg: TaskConfig, ctx: TaskContext):
         self.cfg = cfg
@@ -93,6 +96,11 @@ class Task:
         raise NotImplementedError
 
     # --- optional -----------------------------------------------------------------------------
+    def quick_score(self, sample: Sample, completion: str, repeat: int = 0) -> Score | None:
+        """score() when it is cheap to know, else None. With parallel_scoring, answers that get None here
+        are the only ones sent to the scoring workers (their IPC costs more than a cheap check)."""
+        return None
+
     def fingerprint(self) -> dict[str, Any]:
         """Everything besides the prompts themselves that can change a number: data revision,
         prompt template hash, scoring options. The task's config (minus repeats/limit) is added."""

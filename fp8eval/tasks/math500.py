@@ -26,6 +26,7 @@ class Math500Task(Task):
     version = "1"
     config_class = Math500Config
     prompt_varies_by_repeat = False
+    parallel_scoring = True
 
     def samples(self) -> Sequence[Sample]:
         from fp8eval.tasks import reasoning_data as rd
@@ -63,6 +64,11 @@ class Math500Task(Task):
         from fp8eval.scoring.math import score_math
 
         return score_math(completion, sample.data["answer"], self.cfg.timeout_s)
+
+    def quick_score(self, sample: Sample, completion: str, repeat: int = 0) -> Score | None:
+        from fp8eval.scoring.math import quick_math
+
+        return quick_math(completion, sample.data["answer"])
 
     def fingerprint(self) -> dict[str, Any]:
         from fp8eval.tasks import reasoning_data as rd
