@@ -120,9 +120,11 @@ def register_configs() -> None:
 
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
-    cs.store(group="model", name="model_schema", node=ModelConfig)
-    cs.store(group="kv", name="kv_schema", node=KVConfig)
-    cs.store(group="engine", name="engine_schema", node=EngineConfig)
-    cs.store(group="task", name="task_schema", node=TaskConfig)
+    # Schemas live in their own group so `--help` lists only real options under model/, kv/, ...;
+    # a YAML option extends one with `defaults: [/schema/<group>/<name>@_here_, _self_]`.
+    cs.store(group="schema/model", name="model", node=ModelConfig)
+    cs.store(group="schema/kv", name="kv", node=KVConfig)
+    cs.store(group="schema/engine", name="engine", node=EngineConfig)
+    cs.store(group="schema/task", name="task", node=TaskConfig)
     for name, cls in task_config_classes().items():
-        cs.store(group="task", name=f"{name}_schema", node=cls)
+        cs.store(group="schema/task", name=name, node=cls)

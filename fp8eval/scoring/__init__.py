@@ -7,6 +7,19 @@ import importlib
 
 _EXPORTS = {
     "mrcr_grade": "fp8eval.scoring.mrcr",
+    "last_boxed": "fp8eval.scoring.math",
+    "boxed_answers": "fp8eval.scoring.math",
+    "aime_integer": "fp8eval.scoring.math",
+    "math_verify_equal": "fp8eval.scoring.math",
+    "score_aime": "fp8eval.scoring.math",
+    "score_math": "fp8eval.scoring.math",
+    "extract_letter": "fp8eval.scoring.mcq",
+    "choice_order": "fp8eval.scoring.mcq",
+    "correct_letter": "fp8eval.scoring.mcq",
+    "score_mcq": "fp8eval.scoring.mcq",
+    "extract_code": "fp8eval.scoring.code",
+    "decode_tests": "fp8eval.scoring.code",
+    "score_code": "fp8eval.scoring.code",
     "niah_score": "fp8eval.scoring.niah",
 }
 

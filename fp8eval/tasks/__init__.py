@@ -10,6 +10,11 @@ if TYPE_CHECKING:
 
 REGISTRY: dict[str, str] = {
     "niah": "fp8eval.tasks.niah:NiahTask",
+    "aime25": "fp8eval.tasks.aime:AimeTask",
+    "aime24": "fp8eval.tasks.aime:Aime24Task",
+    "math500": "fp8eval.tasks.math500:Math500Task",
+    "gpqa_diamond": "fp8eval.tasks.gpqa:GpqaTask",
+    "livecodebench": "fp8eval.tasks.livecodebench:LiveCodeBenchTask",
 }
 
 

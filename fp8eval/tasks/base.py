@@ -82,7 +82,8 @@ class Task:
     def prompt(self, sample: Sample, repeat: int) -> Prompt:
         raise NotImplementedError
 
-    def score(self, sample: Sample, completion: str) -> Score:
+    def score(self, sample: Sample, completion: str, repeat: int = 0) -> Score:
+        """Pure. `repeat` matters only to tasks whose prompt varies by repeat (GPQA's choice order)."""
         raise NotImplementedError
 
     # --- optional -----------------------------------------------------------------------------

@@ -1,0 +1,113 @@
+"""The emulated KV cache of the reference engine, applied inside attention.
+
+transformers hands every attention call the layer's full K and V (cache + new tokens, prefill
+included). Rounding them through the cache format there is equivalent to storing them rounded
+(the round trip is idempotent for a fixed scale), and it works with any transformers version since it
+relies only on the attention-function registry, not on the cache classes whose arguments were renamed
+between releases.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from fp8eval.quant import KV_CACHE_DTYPE_FORMAT, fp8_roundtrip
+
+ATTENTION_NAME = "fp8eval_kv"
+
+
+@dataclass
+class KVPolicy:
+    """What one arm stores in its cache."""
+
+    cache_dtype: str  # vLLM's kv_cache_dtype: auto | fp8 | fp8_e4m3 | fp8_e5m2
+    model_dtype: torch.dtype = torch.bfloat16  # what "auto" stores: the model's dtype
+    skip_layers: tuple[str, ...] = ()  # layer indices as strings, or attention types ("sliding_window")
+    k_scales: dict[int, torch.Tensor] = field(default_factory=dict)  # absent layer -> 1.0
+    v_scales: dict[int, torch.Tensor] = field(default_factory=dict)
+    quantize_attention: bool = False  # also Q and P (vLLM's FP8 attention path)
+    q_scale: float = 1.0
+
+    @property
+    def fmt(self) -> str | None:
+        return KV_CACHE_DTYPE_FORMAT.get(self.cache_dtype)
+
+    def layer_is_fp8(self, module) -> bool:
+        if self.fmt is None:
+            return False
+        idx = getattr(module, "layer_idx", None)
+        if idx is not None and str(idx) in self.skip_layers:
+            return False
+        if "sliding_window" in self.skip_layers and _is_sliding(module):
+            return False
+        return True
+
+    def store(self, module, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.layer_is_fp8(module):
+            # The cache holds the model dtype; rounding to it makes a float32 CPU run store what a
+            # bfloat16 vLLM cache stores.
+            return key.to(self.model_dtype).to(key.dtype), value.to(self.model_dtype).to(value.dtype)
+        idx = module.layer_idx
+        k = fp8_roundtrip(key, self.k_scales.get(idx, 1.0), self.fmt)
+        v = fp8_roundtrip(value, self.v_scales.get(idx, 1.0), self.fmt)
+        return k, v
+
+
+def _is_sliding(module) -> bool:
+    if getattr(module, "sliding_window", None):
+        return True
+    cfg = getattr(module, "config", None)
+    types = getattr(cfg, "layer_types", None)
+    idx = getattr(module, "layer_idx", None)
+    return bool(types and idx is not None and "sliding" in str(types[idx]))
+
+
+def _fp8_attention(module, query, key, value, attention_mask, scaling, policy: KVPolicy):
+    """Attention with Q and the softmax probabilities quantized too, as an FP8 attention kernel does."""
+    fmt = policy.fmt
+    groups = query.shape[1] // key.shape[1]
+    q = fp8_roundtrip(query, policy.q_scale, fmt)
+    k = key.repeat_interleave(groups, dim=1) if groups > 1 else key
+    v = value.repeat_interleave(groups, dim=1) if groups > 1 else value
+    scores = torch.matmul(q.float(), k.float().transpose(2, 3)) * scaling
+    if attention_mask is None and q.shape[2] > 1:
+        # The sdpa mask builder returns None when plain causal masking suffices.
+        lq, lk = q.shape[2], k.shape[2]
+        attention_mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
+    if attention_mask is not None:
+        if attention_mask.dtype == torch.bool:
+            scores = scores.masked_fill(~attention_mask, float("-inf"))
+        else:
+            scores = scores + attention_mask.float()
+    probs = torch.softmax(scores, dim=-1)
+    probs = fp8_roundtrip(probs, 1.0, fmt)
+    out = torch.matmul(probs, v.float()).to(query.dtype)
+    return out.transpose(1, 2).contiguous(), None
+
+
+def make_attention_function(policy_of):
+    """An attention function for transformers' registry; `policy_of(module)` gives the active policy."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
+        policy: KVPolicy = policy_of(module)
+        key, value = policy.store(module, key, value)
+        if policy.quantize_attention and policy.layer_is_fp8(module):
+            if scaling is None:
+                scaling = query.shape[-1] ** -0.5
+            return _fp8_attention(module, query, key, value, attention_mask, scaling, policy)
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+
+    return attention
+
+
+def register(policy_of) -> str:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionInterface.register(ATTENTION_NAME, make_attention_function(policy_of))
+    AttentionMaskInterface.register(ATTENTION_NAME, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])
+    return ATTENTION_NAME

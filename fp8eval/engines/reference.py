@@ -1,0 +1,270 @@
+"""The reference engine: transformers + torch with vLLM's FP8 KV cache emulated exactly.
+
+Runs anywhere (CPU included). Compute happens in `engine.dtype` (float32 on CPU by default, where
+bfloat16 matmuls are slow); what differs between arms is only what the KV cache stores: the model dtype
+(bfloat16) for `kv_cache_dtype: auto`, FP8 with vLLM's scale/saturate/round semantics otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from importlib import metadata
+from typing import Iterable, Iterator
+
+from fp8eval.config import KVConfig, RunConfig
+from fp8eval.engines.base import Choice, Completion, EngineError, Request
+
+_DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+class ReferenceEngine:
+    kind = "reference"
+
+    def __init__(self, cfg: RunConfig, kv: KVConfig, shared: dict | None = None):
+        self.cfg = cfg
+        self.kv = kv
+        # Arms of one run share the loaded model (only the cache policy differs), keyed by model dir.
+        self._shared = shared if shared is not None else {}
+        from fp8eval.engines import engine_args
+
+        args = engine_args(cfg, kv)
+        self.cache_dtype = str(args.get("kv_cache_dtype", "auto"))
+        if self.cache_dtype not in ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"):
+            raise EngineError(
+                f"The reference engine emulates kv_cache_dtype auto, fp8, fp8_e4m3 and fp8_e5m2; "
+                f"{self.cache_dtype!r} was asked for by kv={kv.name}."
+            )
+        self.skip_layers = tuple(str(x) for x in (args.get("kv_cache_dtype_skip_layers") or []))
+        self.model_dtype = str(args.get("dtype", "bfloat16"))
+        self._scales = None
+        if kv.scales:
+            from fp8eval.scales import load_kv_scales
+
+            self._scales = load_kv_scales(kv.scales)
+            if self._scales.strategy != kv.scale_strategy:
+                raise EngineError(
+                    f"kv={kv.name} expects {kv.scale_strategy} scales but {kv.scales} holds "
+                    f"{self._scales.strategy} scales."
+                )
+        elif kv.scale_strategy != "tensor":
+            raise EngineError(
+                f"kv={kv.name} needs a scales source with one scale per KV head: set kv.scales=PATH to a "
+                f"scales JSON file or a calibrated checkpoint (make one with `python -m fp8eval.calibrate "
+                f"model={cfg.model.name} calib.strategy=attn_head`)."
+            )
+        self._tok = None
+        self._model = None
+        self._policy = None
+
+    # --- describe ---------------------------------------------------------------------------------
+    def describe(self) -> dict:
+        m = self.cfg.model
+        e = self.cfg.engine
+        return {
+            "kind": self.kind,
+            "versions": {p: _version(p) for p in ("torch", "transformers", "gguf")},
+            "model": {"hf_id": m.hf_id, "revision": m.revision, "embedded_package": m.embedded_package,
+                      "embedded_version": _version(m.embedded_package.replace("_", "-"))
+                      if m.embedded_package else None, "gguf_file": m.gguf_file,
+                      "chat_template": m.chat_template},
+            "compute_dtype": self._compute_dtype_name(),
+            "device": self._device_name(),
+            "prefill_chunk": e.prefill_chunk,
+            "kv": {"cache_dtype": self.cache_dtype, "model_dtype": self.model_dtype,
+                   "skip_layers": list(self.skip_layers),
+                   "scales_source": self.kv.scales, "scales_sha256": self._scales.sha256 if self._scales else None,
+                   "scale_strategy": self.kv.scale_strategy, "quantize_attention": self.kv.quantize_attention},
+            "engine_args": dict(e.engine_args),
+        }
+
+    def _device_name(self) -> str:
+        dev = self.cfg.engine.device
+        if dev != "auto":
+            return dev
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+
+    def _compute_dtype_name(self) -> str:
+        d = self.cfg.engine.dtype
+        if d != "auto":
+            if d not in _DTYPES:
+                raise EngineError(f"engine.dtype={d!r}; valid: auto, {', '.join(_DTYPES)}")
+            return d
+        return "bfloat16" if self._device_name() == "cuda" else "float32"
+
+    def max_model_len(self) -> int:
+        return int(self.cfg.model.max_model_len)
+
+    # --- loading ------------------------------------------------------------------------------------
+    def tokenizer(self):
+        if self._tok is None:
+            key = ("tok", self._model_dir())
+            if key not in self._shared:
+                from transformers import AutoTokenizer
+
+                self._shared[key] = AutoTokenizer.from_pretrained(self._model_dir(), revision=self.cfg.model.revision)
+            self._tok = self._shared[key]
+        return self._tok
+
+    def _model_dir(self):
+        key = ("dir", self.cfg.model.name)
+        if key not in self._shared:
+            from fp8eval.models import ModelUnavailable, local_model_dir
+
+            try:
+                self._shared[key] = str(local_model_dir(self.cfg.model))
+            except ModelUnavailable as e:
+                raise EngineError(str(e)) from e
+        return self._shared[key]
+
+    def _load(self):
+        if self._model is not None:
+            return
+        import torch
+
+        from fp8eval.engines import kvcache
+
+        if self.cfg.engine.threads:
+            torch.set_num_threads(int(self.cfg.engine.threads))
+        key = ("model", self._model_dir(), self._compute_dtype_name(), self._device_name())
+        if key not in self._shared:
+            from transformers import AutoModelForCausalLM
+
+            name = kvcache.register(lambda module: self._shared["active_policy"])
+            try:
+                model = AutoModelForCausalLM.from_pretrained(
+                    self._model_dir(), revision=self.cfg.model.revision,
+                    dtype=getattr(torch, self._compute_dtype_name()), attn_implementation=name)
+            except OSError as e:
+                raise EngineError(
+                    f"Could not load model {self.cfg.model.hf_id!r} for the reference engine: {e}. Without hub "
+                    f"access, point model.hf_id at a local directory with the weights."
+                ) from e
+            model.to(self._device_name()).eval()
+            self._shared[key] = model
+        self._model = self._shared[key]
+        scales = self._scales
+        self._policy = kvcache.KVPolicy(
+            cache_dtype=self.cache_dtype,
+            model_dtype=getattr(torch, self.model_dtype if self.model_dtype != "auto" else "bfloat16"),
+            skip_layers=self.skip_layers,
+            k_scales={i: t.to(self._device_name()) for i, t in scales.k.items()} if scales else {},
+            v_scales={i: t.to(self._device_name()) for i, t in scales.v.items()} if scales else {},
+            quantize_attention=self.kv.quantize_attention,
+        )
+
+    # --- prompts ------------------------------------------------------------------------------------
+    def prompt_ids(self, request: Request) -> list[int]:
+        tok = self.tokenizer()
+        if request.prompt_text is not None:
+            return tok(request.prompt_text, add_special_tokens=True)["input_ids"]
+        if self.cfg.model.chat_template and tok.chat_template:
+            text = tok.apply_chat_template(list(request.messages), add_generation_prompt=True, tokenize=False,
+                                           **request.chat_template_kwargs)
+            return tok(text, add_special_tokens=False)["input_ids"]
+        # Base models without a chat template see the messages' contents as plain text.
+        text = "\n\n".join(m["content"] for m in request.messages) + "\n\n"
+        return tok(text, add_special_tokens=True)["input_ids"]
+
+    def count_prompt_tokens(self, request: Request) -> int:
+        return len(self.prompt_ids(request))
+
+    # --- generation ---------------------------------------------------------------------------------
+    def generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
+        self._load()
+        self._shared["active_policy"] = self._policy
+        for req in requests:
+            yield self._generate_one(req)
+
+    def _generate_one(self, req: Request) -> Completion:
+        import torch
+
+        from fp8eval.engines.sampling import sample_next
+
+        t0 = time.perf_counter()
+        tok = self.tokenizer()
+        ids = self.prompt_ids(req)
+        sp = req.sampling
+        max_tokens = int(sp.get("max_tokens") or 256)
+        if len(ids) + max_tokens > self.max_model_len():
+            raise EngineError(f"request {req.id}: {len(ids)} prompt + {max_tokens} output tokens exceed "
+                              f"max_model_len {self.max_model_len()} (the runner should have skipped it)")
+        device = self._device_name()
+        model = self._model
+        eos = _eos_ids(tok, model)
+        stops = [s for s in (sp.get("stop") or []) if s]
+        with torch.inference_mode():
+            from transformers import DynamicCache
+
+            cache = DynamicCache(config=model.config)
+            input_ids = torch.tensor([ids], device=device)
+            chunk = max(1, int(self.cfg.engine.prefill_chunk))
+            logits = None
+            for start in range(0, len(ids), chunk):
+                out = model(input_ids=input_ids[:, start:start + chunk], past_key_values=cache, use_cache=True,
+                            logits_to_keep=1)
+                logits = out.logits[:, -1, :]
+            n = req.n
+            if n > 1:
+                cache.batch_repeat_interleave(n)
+                logits = logits.repeat(n, 1)
+            gens = [torch.Generator(device="cpu").manual_seed(int(s)) for s in req.seeds]
+            outs: list[list[int]] = [[] for _ in range(n)]
+            finish: list[str | None] = [None] * n
+            for _step in range(max_tokens):
+                nxt = sample_next(logits.float().cpu(), sp, gens)
+                for i in range(n):
+                    if finish[i] is not None:
+                        continue
+                    t = int(nxt[i])
+                    if t in eos:
+                        finish[i] = "stop"
+                        continue
+                    outs[i].append(t)
+                    if stops and _hits_stop(tok, outs[i], stops):
+                        finish[i] = "stop"
+                if all(f is not None for f in finish):
+                    break
+                out = model(input_ids=nxt.view(n, 1).to(device), past_key_values=cache, use_cache=True,
+                            logits_to_keep=1)
+                logits = out.logits[:, -1, :]
+        choices = []
+        for i in range(n):
+            text = tok.decode(outs[i], skip_special_tokens=True)
+            if finish[i] == "stop" and stops:
+                text = _cut_at_stop(text, stops)
+            choices.append(Choice(text=text, finish_reason=finish[i] or "length", output_tokens=len(outs[i])))
+        return Completion(request_id=req.id, choices=choices, prompt_tokens=len(ids), cached_prompt_tokens=0,
+                          latency_s=time.perf_counter() - t0)
+
+    def close(self) -> None:
+        self._model = None
+
+
+def _eos_ids(tok, model) -> set[int]:
+    ids = set()
+    for src in (tok.eos_token_id, getattr(model.generation_config, "eos_token_id", None)):
+        if isinstance(src, int):
+            ids.add(src)
+        elif src:
+            ids.update(int(x) for x in src)
+    return ids
+
+
+def _hits_stop(tok, out_ids: list[int], stops: list[str]) -> bool:
+    tail = tok.decode(out_ids[-16:], skip_special_tokens=True)
+    return any(s in tail for s in stops)
+
+
+def _cut_at_stop(text: str, stops: list[str]) -> str:
+    cut = min((text.find(s) for s in stops if s in text), default=-1)
+    return text[:cut] if cut >= 0 else text

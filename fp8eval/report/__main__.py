@@ -1,0 +1,68 @@
+"""`python -m fp8eval.report PATH... [--out DIR]`: the recovery report of paired runs.
+
+The last line printed on stdout is the report directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m fp8eval.report",
+        description="Pair each variant arm with its baseline record by record and write recovery.csv,"
+                    " report.md, index.html and figures.")
+    p.add_argument("paths", nargs="+", type=Path, metavar="PATH",
+                   help="run directories (holding summary.json) or output roots searched recursively")
+    p.add_argument("--out", type=Path, default=None, help="report directory (default: <first PATH>/report)")
+    p.add_argument("--gate", type=float, default=95.0, help="recovery %% a variant must keep (default 95)")
+    p.add_argument("--unsure-margin", type=float, default=2.0,
+                   help="points the CI's lower end may fall below the gate for a pass (default 2)")
+    p.add_argument("--sign-alpha", type=float, default=0.05,
+                   help="one-sided sign-test level for a systematic downward shift (default 0.05)")
+    p.add_argument("--right-at", type=float, default=0.5,
+                   help="a record is right when its score is at least this, for flip lists (default 0.5)")
+    p.add_argument("--z", type=float, default=1.96,
+                   help="a bucket's gap is inside its error band when |gap| <= z * stderr (default 1.96)")
+    p.add_argument("--level", type=float, default=0.95, help="CI level (default 0.95)")
+    p.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples (default 2000)")
+    p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
+    p.add_argument("--skip-mismatched", action="store_true",
+                   help="leave out (and list) pairs whose prompts or task versions differ instead of stopping")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    from fp8eval.report import write_report
+    from fp8eval.report.analysis import PairingError
+    from fp8eval.report.load import ReportInputError
+
+    try:
+        out = write_report(args.paths, args.out, n_boot=args.n_boot, level=args.level, seed=args.seed,
+                           strict=not args.skip_mismatched, gate=args.gate, unsure_margin=args.unsure_margin,
+                           sign_alpha=args.sign_alpha, right_at=args.right_at, z=args.z)
+    except (PairingError, ReportInputError) as e:
+        print(f"fp8eval.report: {e}", file=sys.stderr)
+        return 2
+    import json
+
+    verdicts = json.loads((out / "verdicts.json").read_text(encoding="utf-8"))
+    for r in verdicts["headline"]:
+        rec = r["recovery_pct"]
+        rec_s = "n/a" if rec is None else f"{rec:.1f}%"
+        print(f"{r['model']} {r['task']} {r['variant']} vs {r['baseline']} [{r['group']}]: recovery {rec_s}"
+              f" -> {r['verdict']}")
+    for d in verdicts["decisions"]:
+        print(f"{d['model']} {d['variant']}: {d['decision']}")
+    for m in verdicts["refused"]:
+        print(f"refused: {m}", file=sys.stderr)
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

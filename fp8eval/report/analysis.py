@@ -1,0 +1,311 @@
+"""Pairing arms record by record, and the numbers of recovery.csv.
+
+A pair is (baseline arm, variant arm) of one model and task. Records are joined on (sample_id, repeat);
+only records scored in both arms count. Everything left out is counted, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from fp8eval import stats
+from fp8eval.report.groups import label_sort_key, cell_key, parse_size, split_label, BARE_FAMILY
+from fp8eval.report.load import Arm, Run
+
+
+class PairingError(RuntimeError):
+    """Two arms cannot be compared record by record; the message says why and where."""
+
+
+@dataclass
+class Pair:
+    model: str
+    task: str
+    baseline: Arm
+    variant: Arm
+    paired: pd.DataFrame  # one row per (sample_id, repeat) scored in both arms
+    excluded: dict[str, int] = field(default_factory=dict)
+    all_keys: pd.DataFrame | None = None  # every (sample, repeat) of either arm with its groups/status
+
+
+@dataclass
+class Settings:
+    n_boot: int = 2000
+    level: float = 0.95
+    seed: int = 0
+
+
+def row_seed(base: int, *key: object) -> int:
+    """Each CSV row's bootstrap seed depends only on what the row is, not on its position."""
+    text = "\x1f".join(str(k) for k in (base, *key))
+    return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
+
+
+def _scored(rec: dict) -> bool:
+    return rec.get("status") == "ok" and rec.get("score") is not None
+
+
+def pair_arms(baseline: Arm, variant: Arm) -> Pair:
+    bv, vv = baseline.task_versions, variant.task_versions
+    if bv != vv:
+        raise PairingError(
+            f"refusing to pair {variant.model}/{variant.task}: task_version {sorted(bv)} in baseline"
+            f" {baseline.label} ({baseline.records_path}) but {sorted(vv)} in variant {variant.label}"
+            f" ({variant.records_path}). The task changed between the runs; rerun both arms with one"
+            " version.")
+    base = {(str(r.data["sample_id"]), int(r.data["repeat"])): r for r in baseline.records}
+    var = {(str(r.data["sample_id"]), int(r.data["repeat"])): r for r in variant.records}
+    mismatched = [k for k in base.keys() & var.keys()
+                  if base[k].data.get("prompt_hash") and var[k].data.get("prompt_hash")
+                  and base[k].data["prompt_hash"] != var[k].data["prompt_hash"]]
+    if mismatched:
+        mismatched.sort()
+        shown = ", ".join(
+            f"{s}#{r} ({baseline.records_path.name}:{base[(s, r)].line} vs"
+            f" {variant.records_path.name}:{var[(s, r)].line})" for s, r in mismatched[:5])
+        raise PairingError(
+            f"refusing to pair {variant.model}/{variant.task}: {len(mismatched)} of"
+            f" {len(base.keys() & var.keys())} (sample, repeat) pairs have different prompt hashes in"
+            f" baseline {baseline.label} and variant {variant.label}, e.g. {shown}. The arms did not see"
+            " the same prompts (another prompt template, tokenizer, data file or seed), so their scores"
+            " cannot be compared record by record.")
+    rows, keys = [], []
+    excluded = {"baseline_only": 0, "variant_only": 0, "skipped": 0, "errors": 0}
+    for k in sorted(base.keys() | var.keys()):
+        b, v = base.get(k), var.get(k)
+        src = (b or v).data
+        groups = tuple(src.get("groups") or ())
+        if b is None or v is None:
+            reason = "variant_only" if b is None else "baseline_only"
+        elif "skipped" in (b.data.get("status"), v.data.get("status")):
+            reason = "skipped"
+        elif not (_scored(b.data) and _scored(v.data)):
+            reason = "errors"
+        else:
+            reason = ""
+        keys.append({"sample_id": k[0], "repeat": k[1], "groups": groups, "excluded": reason})
+        if reason:
+            excluded[reason] += 1
+            continue
+        rows.append({
+            "sample_id": k[0], "repeat": k[1], "groups": groups, "cell": cell_key(groups),
+            "b_score": float(b.data["score"]), "v_score": float(v.data["score"]),
+            "b_length": b.data.get("finish_reason") == "length",
+            "v_length": v.data.get("finish_reason") == "length",
+            "b_line": b.line, "v_line": v.line,
+            "b_extracted": b.data.get("extracted"), "v_extracted": v.data.get("extracted"),
+        })
+    cols = ["sample_id", "repeat", "groups", "cell", "b_score", "v_score", "b_length", "v_length",
+            "b_line", "v_line", "b_extracted", "v_extracted"]
+    return Pair(variant.model, variant.task, baseline, variant, pd.DataFrame(rows, columns=cols),
+                excluded, pd.DataFrame(keys, columns=["sample_id", "repeat", "groups", "excluded"]))
+
+
+def build_pairs(runs: list[Run], strict: bool = True) -> tuple[list[Pair], list[str]]:
+    """Every (baseline, variant) arm pair named by a run, once. With strict=False a pair that cannot be
+    paired is left out and its message returned; with strict=True it raises."""
+    pairs: dict[tuple[str, str], Pair] = {}
+    refused: list[str] = []
+    for run in runs:
+        if run.baseline is None:
+            continue
+        b = run.arms[run.baseline]
+        for kv, v in run.arms.items():
+            if kv == run.baseline or (b.fingerprint, v.fingerprint) in pairs:
+                continue
+            try:
+                pairs[(b.fingerprint, v.fingerprint)] = pair_arms(b, v)
+            except PairingError as e:
+                if strict:
+                    raise
+                refused.append(str(e))
+    return list(pairs.values()), list(dict.fromkeys(refused))
+
+
+def per_sample(df: pd.DataFrame) -> pd.DataFrame:
+    """Per-sample sums over paired repeats: the resampling unit of the bootstrap."""
+    return (df.groupby("sample_id", sort=True)
+              .agg(b=("b_score", "sum"), v=("v_score", "sum"), c=("b_score", "size"))
+              .reset_index())
+
+
+def group_labels(pair: Pair) -> list[str]:
+    labels = {g for gs in pair.all_keys["groups"] for g in gs} if pair.all_keys is not None else set()
+    return sorted(labels, key=label_sort_key)
+
+
+def _rows_in_group(df: pd.DataFrame, group: str) -> pd.DataFrame:
+    if group == "all":
+        return df
+    return df[df["groups"].map(lambda gs: group in gs)]
+
+
+def recovery_row(pair: Pair, group: str, settings: Settings) -> dict:
+    df = _rows_in_group(pair.paired, group)
+    keys = _rows_in_group(pair.all_keys, group)
+    ps = per_sample(df)
+    ci = stats.paired_bootstrap_recovery(
+        ps["b"].to_numpy(), ps["v"].to_numpy(), n_boot=settings.n_boot, level=settings.level,
+        seed=row_seed(settings.seed, pair.model, pair.task, pair.baseline.fingerprint,
+                      pair.variant.fingerprint, group))
+    n = len(df)
+    return {
+        "model": pair.model, "task": pair.task, "baseline": pair.baseline.label,
+        "variant": pair.variant.label, "group": group, "metric": "pass@1",
+        "baseline_score": df["b_score"].mean() if n else math.nan,
+        "variant_score": df["v_score"].mean() if n else math.nan,
+        "baseline_stderr": stats.stderr_of_scores(df["sample_id"], df["repeat"], df["b_score"]) if n else math.nan,
+        "variant_stderr": stats.stderr_of_scores(df["sample_id"], df["repeat"], df["v_score"]) if n else math.nan,
+        "recovery_pct": ci.point, "ci_low": ci.low, "ci_high": ci.high, "n": n,
+        "n_samples": int(ps.shape[0]), "n_repeats": int(df["repeat"].nunique()) if n else 0,
+        "baseline_cutoff_rate": df["b_length"].mean() if n else math.nan,
+        "variant_cutoff_rate": df["v_length"].mean() if n else math.nan,
+        "n_excluded": int((keys["excluded"] != "").sum()),
+        "baseline_arm": pair.baseline.fingerprint[:12], "variant_arm": pair.variant.fingerprint[:12],
+    }
+
+
+# --- MRCR AUC ---------------------------------------------------------------------------------------
+AUC_KEYS = {"auc": None, "auc_1m": 1024 * 1024}  # summary key -> up_to (None: the arm's largest bucket)
+
+
+def _auc_function():
+    try:  # the harness's definition, once the long-context suite provides it
+        from fp8eval.metrics import context_arena_auc  # type: ignore[import-not-found]
+    except ImportError:
+        return _context_arena_auc
+    return context_arena_auc
+
+
+def _auc(scores_by_edge: dict[int, float], up_to: int, fn=None) -> float:
+    return float((fn or _auc_function())(scores_by_edge, up_to))
+
+
+def _context_arena_auc(scores_by_edge: dict[int, float], up_to: int) -> float:
+    """Context Arena's AUC as specified in issue 4: trapezoids on a linear token axis between bucket
+    upper edges from 8192, stopping at the last edge with a score, divided by (up_to - 8192)."""
+    start = 8192
+    edges = sorted(e for e in scores_by_edge if start <= e <= up_to)
+    if not edges or up_to <= start:
+        return math.nan
+    area = 0.0
+    for lo, hi in zip(edges, edges[1:]):
+        area += (hi - lo) * (scores_by_edge[lo] + scores_by_edge[hi]) / 2.0
+    return area / (up_to - start)
+
+
+def auc_rows(pair: Pair, settings: Settings) -> tuple[list[dict], list[str]]:
+    """AUC recovery rows when both arms' summaries carry `auc` / `auc_1m`. The CI resamples samples
+    within each bucket; it is given only when recomputing the AUC from the records reproduces the
+    summary's value, so the CI is surely of the same quantity."""
+    rows, notes = [], []
+    auc_fn = _auc_function()
+    df = pair.paired
+    bucket = df["groups"].map(lambda gs: next((g for g in gs if split_label(g)[0] == BARE_FAMILY
+                                               and parse_size(g) is not None), None))
+    for key, up_to_fixed in AUC_KEYS.items():
+        b_val, v_val = pair.baseline.summary.get(key), pair.variant.summary.get(key)
+        if b_val is None or v_val is None:
+            continue
+        b_val, v_val = float(b_val), float(v_val)
+        point = stats.recovery_pct(b_val, v_val)
+        low = high = math.nan
+        ok = bucket.notna()
+        if ok.any():
+            sub = df[ok].assign(edge=bucket[ok].map(lambda g: int(parse_size(g))))
+            up_to = up_to_fixed or int(sub["edge"].max())
+            ps = (sub.groupby(["edge", "sample_id"]).agg(b=("b_score", "sum"), v=("v_score", "sum"),
+                                                         c=("b_score", "size")).reset_index())
+
+            def stat(bm: dict, vm: dict, up_to=up_to) -> float:
+                b_auc = _auc(bm, up_to, auc_fn)
+                if not b_auc:
+                    raise ZeroDivisionError
+                return 100.0 * _auc(vm, up_to, auc_fn) / b_auc
+
+            b_re = _auc((sub.groupby("edge")["b_score"].mean()).to_dict(), up_to, auc_fn)
+            v_re = _auc((sub.groupby("edge")["v_score"].mean()).to_dict(), up_to, auc_fn)
+            if math.isclose(b_re, b_val, abs_tol=1e-6) and math.isclose(v_re, v_val, abs_tol=1e-6):
+                ci = stats.stratified_paired_bootstrap(
+                    ps["b"].to_numpy(), ps["v"].to_numpy(), ps["c"].to_numpy(), list(ps["edge"]), stat,
+                    n_boot=settings.n_boot, level=settings.level,
+                    seed=row_seed(settings.seed, pair.model, pair.task, pair.baseline.fingerprint,
+                                  pair.variant.fingerprint, key))
+                low, high = ci.low, ci.high
+            else:
+                notes.append(f"{pair.model}/{pair.task}/{pair.variant.label}: {key} recomputed from the"
+                             f" paired records ({b_re:.4f} / {v_re:.4f}) differs from summary.json"
+                             f" ({b_val:.4f} / {v_val:.4f}); its CI is left empty.")
+        rows.append({
+            "model": pair.model, "task": pair.task, "baseline": pair.baseline.label,
+            "variant": pair.variant.label, "group": key, "metric": "auc",
+            "baseline_score": b_val, "variant_score": v_val, "baseline_stderr": math.nan,
+            "variant_stderr": math.nan, "recovery_pct": point, "ci_low": low, "ci_high": high,
+            "n": len(df), "n_samples": int(df["sample_id"].nunique()),
+            "n_repeats": int(df["repeat"].nunique()) if len(df) else 0,
+            "baseline_cutoff_rate": df["b_length"].mean() if len(df) else math.nan,
+            "variant_cutoff_rate": df["v_length"].mean() if len(df) else math.nan,
+            "n_excluded": int((pair.all_keys["excluded"] != "").sum()),
+            "baseline_arm": pair.baseline.fingerprint[:12], "variant_arm": pair.variant.fingerprint[:12],
+        })
+    return rows, notes
+
+
+def recovery_table(pairs: list[Pair], settings: Settings) -> tuple[pd.DataFrame, list[str]]:
+    rows: list[dict] = []
+    notes: list[str] = []
+    for pair in sorted(pairs, key=lambda p: (p.model, p.task, p.variant.label, p.baseline.label)):
+        for group in ["all", *group_labels(pair)]:
+            rows.append(recovery_row(pair, group, settings))
+        extra, extra_notes = auc_rows(pair, settings)
+        rows.extend(extra)
+        notes.extend(extra_notes)
+    return pd.DataFrame(rows, columns=RECOVERY_COLUMNS), notes
+
+
+RECOVERY_COLUMNS = [
+    "model", "task", "baseline", "variant", "group", "metric", "baseline_score", "variant_score",
+    "baseline_stderr", "variant_stderr", "recovery_pct", "ci_low", "ci_high", "n", "n_samples",
+    "n_repeats", "baseline_cutoff_rate", "variant_cutoff_rate", "n_excluded", "baseline_arm",
+    "variant_arm",
+]
+
+
+# --- per-arm numbers for the figures -----------------------------------------------------------------
+def arm_table(arms: list[Arm]) -> pd.DataFrame:
+    """Every arm's score overall and per group from its own scored records (the bars and bands)."""
+    rows = []
+    for arm in sorted(arms, key=lambda a: (a.model, a.task, a.label)):
+        recs = [r.data for r in arm.records]
+        scored = [r for r in recs if _scored(r)]
+        labels = sorted({g for r in recs for g in (r.get("groups") or ())}, key=label_sort_key)
+        for group in ["all", *labels]:
+            sel = scored if group == "all" else [r for r in scored if group in (r.get("groups") or ())]
+            every = recs if group == "all" else [r for r in recs if group in (r.get("groups") or ())]
+            scores = np.array([float(r["score"]) for r in sel])
+            rows.append({
+                "model": arm.model, "task": arm.task, "arm": arm.label, "kv": arm.kv,
+                "fingerprint": arm.fingerprint[:12], "group": group,
+                "score": float(scores.mean()) if sel else math.nan,
+                "stderr": stats.stderr_of_scores([r["sample_id"] for r in sel], [r["repeat"] for r in sel],
+                                                 scores) if sel else math.nan,
+                "n": len(sel), "n_samples": len({r["sample_id"] for r in sel}),
+                "n_repeats": len({r["repeat"] for r in sel}),
+                "cutoff_rate": (sum(r.get("finish_reason") == "length" for r in sel) / len(sel)) if sel else math.nan,
+                "n_skipped": sum(r.get("status") == "skipped" for r in every),
+                "n_errors": sum(r.get("status") == "error" for r in every),
+                "records": str(arm.records_path),
+            })
+    return pd.DataFrame(rows)
+
+
+def cell_table(arm: Arm) -> pd.DataFrame:
+    """Mean score of an arm per cell (all its labels together), for needle heatmaps."""
+    rows = [{"groups": tuple(r.data.get("groups") or ()), "score": float(r.data["score"])}
+            for r in arm.records if _scored(r.data)]
+    return pd.DataFrame(rows, columns=["groups", "score"])

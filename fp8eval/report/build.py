@@ -1,0 +1,63 @@
+"""Assembling the report: load, pair, compute, judge, draw, write."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from fp8eval.report import analysis, figures, render, verdicts
+from fp8eval.report.load import load_runs
+
+
+def _clean(obj):
+    """JSON without NaN (not valid JSON): NaN becomes null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def build_report(paths: list[Path], out: Path, *, n_boot: int, level: float, seed: int, strict: bool,
+                 **thresholds) -> Path:
+    th = verdicts.Thresholds.from_kwargs(**thresholds)
+    settings = analysis.Settings(n_boot=n_boot, level=level, seed=seed)
+    runs, arms = load_runs(paths)
+    pairs, refused = analysis.build_pairs(runs, strict=strict)
+    table, notes = analysis.recovery_table(pairs, settings)
+    table = verdicts.add_verdicts(table, th, level)
+    headline = verdicts.headline_rows(table)
+    sign_tests = [s for s in (verdicts.bucket_sign_test(p, th) for p in
+                              sorted(pairs, key=lambda p: (p.model, p.task, p.variant.label))) if s]
+    sign_tests += verdicts.task_sign_tests(headline, th)
+    flip_frames = [verdicts.flips(p, th) for p in pairs]
+    flips = (pd.concat([f for f in flip_frames if len(f)], ignore_index=True)
+             if any(len(f) for f in flip_frames) else pd.DataFrame(columns=verdicts.FLIP_COLUMNS))
+    flips = flips.sort_values(["model", "task", "variant", "direction", "sample_id", "repeat"],
+                              kind="stable").reset_index(drop=True)
+    decisions = verdicts.decisions(headline, sign_tests)
+    arm_stats = analysis.arm_table(arms)
+
+    out = out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    figs = figures.all_figures(arm_stats, pairs, headline, th.gate, out / "figures")
+    table.drop(columns=["why"]).round(6).to_csv(out / "recovery.csv", index=False)
+    flips.round(6).to_csv(out / "flips.csv", index=False)
+    arm_stats.round(6).to_csv(out / "arms.csv", index=False)
+    data = render.ReportData(table, headline, arm_stats, sign_tests, flips, decisions, figs, th, level,
+                             n_boot, [r.run_dir for r in runs], notes, refused)
+    (out / "report.md").write_text(render.render_markdown(data, out), encoding="utf-8")
+    (out / "index.html").write_text(render.render_html(data), encoding="utf-8")
+    (out / "verdicts.json").write_text(json.dumps(_clean({
+        "thresholds": th.__dict__, "level": level, "n_boot": n_boot, "decisions": decisions,
+        "headline": headline.drop(columns=["why"]).to_dict(orient="records"),
+        "sign_tests": [{**{k: v for k, v in s.__dict__.items() if k != "units"}, "shift": s.shift,
+                        "explanation": s.explain(), "units": s.units} for s in sign_tests],
+        "refused": refused, "notes": notes,
+    }), indent=2, default=str) + "\n", encoding="utf-8")
+    return out

@@ -1,0 +1,230 @@
+"""Verdicts: the recovery gate, the sign test for a systematic shift, flip lists, one decision.
+
+Rules (docs/report.md states them for readers):
+- gate: pass when recovery >= gate and the CI's lower end is no more than `unsure_margin` points below
+  the gate; fail when even the CI's upper end is below the gate; otherwise unsure (more samples or
+  repeats would decide it).
+- shift: when the variant is below the baseline in more buckets (or tasks) than a fair coin allows
+  (exact one-sided sign test, p <= sign_alpha), recommend calibration even if every single gap is
+  inside its own error band (the seed study's Kimi-K2.5 case).
+- flips: records scored right (score >= right_at) in one arm and wrong in the other.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from fp8eval import stats
+from fp8eval.report.analysis import Pair, per_sample
+from fp8eval.report.groups import label_sort_key
+
+
+@dataclass
+class Thresholds:
+    gate: float = 95.0  # recovery % an arm must keep (the seed study's guidance)
+    unsure_margin: float = 2.0  # points the CI's lower end may reach below the gate for a pass
+    sign_alpha: float = 0.05  # one-sided sign-test level for a systematic downward shift
+    right_at: float = 0.5  # a record is "right" when its score is at least this (flip lists)
+    z: float = 1.96  # a single bucket's gap is "inside its error band" when |gap| <= z * stderr
+
+    @classmethod
+    def from_kwargs(cls, **kw) -> "Thresholds":
+        valid = set(cls.__dataclass_fields__)
+        unknown = set(kw) - valid
+        if unknown:
+            raise TypeError(f"unknown threshold(s) {sorted(unknown)}; valid: {sorted(valid)}")
+        return cls(**kw)
+
+
+def _pct(x: float) -> str:
+    return "n/a" if x is None or not math.isfinite(x) else f"{x:.1f}%"
+
+
+def gate_verdict(recovery: float, low: float, high: float, th: Thresholds, level: float = 0.95) -> tuple[str, str]:
+    """(verdict, one-sentence reason) for one recovery value and its CI."""
+    lv = f"{level * 100:.0f}%"
+    if recovery is None or not math.isfinite(recovery):
+        return "n/a", "recovery is undefined (the baseline scored 0 or no record was scored in both arms)"
+    if not (math.isfinite(low) and math.isfinite(high)):
+        return "unsure", f"recovery {_pct(recovery)} has no CI, so the gate of {th.gate:g}% cannot be judged"
+    ci = f"recovery {_pct(recovery)} ({lv} CI {_pct(low)} to {_pct(high)})"
+    if high < th.gate:
+        return "fail", f"{ci}: even the CI's upper end is below the {th.gate:g}% gate"
+    if recovery >= th.gate and low >= th.gate - th.unsure_margin:
+        return "pass", (f"{ci}: at or above the {th.gate:g}% gate, and the CI's lower end is within"
+                        f" {th.unsure_margin:g} points of it")
+    if recovery >= th.gate:
+        return "unsure", (f"{ci}: above the {th.gate:g}% gate, but the CI reaches {th.gate - low:.1f} points"
+                          f" below it (allowed: {th.unsure_margin:g}); more samples or repeats would decide")
+    return "unsure", (f"{ci}: below the {th.gate:g}% gate but the CI reaches above it; more samples or"
+                      " repeats would decide")
+
+
+def add_verdicts(table: pd.DataFrame, th: Thresholds, level: float) -> pd.DataFrame:
+    out = table.copy()
+    verdicts = [gate_verdict(r.recovery_pct, r.ci_low, r.ci_high, th, level) for r in out.itertuples()]
+    out["verdict"] = [v for v, _ in verdicts]
+    out["why"] = [w for _, w in verdicts]
+    return out
+
+
+def headline_rows(table: pd.DataFrame) -> pd.DataFrame:
+    """One row per (model, task, baseline, variant): AUC when the task has it (MRCR's headline, as in
+    the seed study), else the overall pass@1."""
+    picks = []
+    for _, g in table.groupby(["model", "task", "baseline", "variant"], sort=True):
+        auc = g[g["group"] == "auc"]
+        picks.append((auc if len(auc) else g[g["group"] == "all"]).iloc[0])
+    return pd.DataFrame(picks).reset_index(drop=True) if picks else table.iloc[0:0]
+
+
+# --- sign tests ---------------------------------------------------------------------------------------
+@dataclass
+class SignTest:
+    model: str
+    scope: str  # the task (buckets of one task) or "tasks" (across tasks)
+    baseline: str
+    variant: str
+    unit: str  # "bucket" | "task"
+    n_below: int
+    n_above: int
+    n_ties: int
+    n_below_outside_band: int  # downward gaps that are significant on their own
+    p_value: float
+    alpha: float
+    units: list[dict]
+
+    @property
+    def n_units(self) -> int:
+        return self.n_below + self.n_above + self.n_ties
+
+    @property
+    def shift(self) -> bool:
+        return self.n_below > self.n_above and self.p_value <= self.alpha
+
+    def explain(self) -> str:
+        head = (f"{self.variant} is below {self.baseline} in {self.n_below} of {self.n_units} {self.unit}s"
+                f" ({self.n_above} above, {self.n_ties} tied); exact one-sided sign test p = {self.p_value:.4f}")
+        need = stats.min_units_for_sign_test(self.alpha)
+        if self.shift:
+            inside = self.n_below - self.n_below_outside_band
+            return (f"{head} <= {self.alpha:g}: a systematic downward shift"
+                    + (f", although {inside} of the {self.n_below} downward gaps are each inside their own"
+                       " error band" if inside else "")
+                    + ". Recommend calibrated KV scales (or skipping the most sensitive layers).")
+        if self.n_below + self.n_above < need:
+            return (f"{head}: too few {self.unit}s with a difference for the test to reach p <= {self.alpha:g}"
+                    f" (needs at least {need}); no conclusion about a shift.")
+        return f"{head} > {self.alpha:g}: no systematic shift."
+
+
+def _direction(diff: float, eps: float = 1e-12) -> str:
+    return "below" if diff < -eps else "above" if diff > eps else "tie"
+
+
+def bucket_sign_test(pair: Pair, th: Thresholds) -> SignTest | None:
+    """Across the disjoint cells of one task (MRCR buckets, needle ctx×depth cells)."""
+    df = pair.paired
+    cells = sorted(c for c in df["cell"].unique() if c) if len(df) else []
+    if len(cells) < 2:
+        return None
+    units = []
+    for cell in cells:
+        ps = per_sample(df[df["cell"] == cell])
+        diff, se = stats.paired_diff_z(ps["b"], ps["v"], ps["c"])
+        outside = math.isfinite(se) and se > 0 and diff < -th.z * se
+        if math.isfinite(se) and se == 0 and diff < 0:
+            outside = True  # every sample moved the same way
+        units.append({"unit": cell, "baseline": float(ps["b"].sum() / ps["c"].sum()),
+                      "variant": float(ps["v"].sum() / ps["c"].sum()), "diff": diff, "stderr": se,
+                      "direction": _direction(diff), "outside_band": bool(outside)})
+    return _sign(pair.model, pair.task, pair.baseline.label, pair.variant.label, "bucket", units, th)
+
+
+def task_sign_tests(headline: pd.DataFrame, th: Thresholds) -> list[SignTest]:
+    """Across tasks, per (model, baseline, variant), on the headline numbers."""
+    out = []
+    for (model, base, var), g in headline.groupby(["model", "baseline", "variant"], sort=True):
+        if len(g) < 2:
+            continue
+        units = []
+        for r in g.itertuples():
+            diff = r.variant_score - r.baseline_score
+            outside = math.isfinite(r.ci_high) and r.ci_high < 100.0
+            units.append({"unit": r.task, "baseline": r.baseline_score, "variant": r.variant_score,
+                          "diff": diff, "stderr": math.nan, "direction": _direction(diff),
+                          "outside_band": bool(outside)})
+        out.append(_sign(model, "tasks", base, var, "task", units, th))
+    return out
+
+
+def _sign(model, scope, base, var, unit, units, th: Thresholds) -> SignTest:
+    below = sum(u["direction"] == "below" for u in units)
+    above = sum(u["direction"] == "above" for u in units)
+    ties = len(units) - below - above
+    return SignTest(model, scope, base, var, unit, below, above, ties,
+                    sum(u["direction"] == "below" and u["outside_band"] for u in units),
+                    stats.sign_test(below, above), th.sign_alpha, units)
+
+
+# --- flips --------------------------------------------------------------------------------------------
+FLIP_COLUMNS = ["model", "task", "baseline", "variant", "direction", "sample_id", "repeat", "groups",
+                "baseline_score", "variant_score", "baseline_extracted", "variant_extracted",
+                "baseline_record", "variant_record"]
+
+
+def flips(pair: Pair, th: Thresholds) -> pd.DataFrame:
+    df = pair.paired
+    if not len(df):
+        return pd.DataFrame(columns=FLIP_COLUMNS)
+    b_right = df["b_score"] >= th.right_at
+    v_right = df["v_score"] >= th.right_at
+    rows = []
+    for direction, mask in (("lost", b_right & ~v_right), ("gained", ~b_right & v_right)):
+        for r in df[mask].itertuples():
+            rows.append({
+                "model": pair.model, "task": pair.task, "baseline": pair.baseline.label,
+                "variant": pair.variant.label, "direction": direction, "sample_id": r.sample_id,
+                "repeat": r.repeat, "groups": " ".join(sorted(r.groups, key=label_sort_key)),
+                "baseline_score": r.b_score, "variant_score": r.v_score,
+                "baseline_extracted": r.b_extracted, "variant_extracted": r.v_extracted,
+                "baseline_record": f"{pair.baseline.records_path}:{r.b_line}",
+                "variant_record": f"{pair.variant.records_path}:{r.v_line}",
+            })
+    return pd.DataFrame(rows, columns=FLIP_COLUMNS)
+
+
+# --- the decision -------------------------------------------------------------------------------------
+def decisions(headline: pd.DataFrame, sign_tests: list[SignTest]) -> list[dict]:
+    """One recommendation per (model, baseline, variant) from its tasks' verdicts and the sign tests."""
+    out = []
+    for (model, base, var), g in headline.groupby(["model", "baseline", "variant"], sort=True):
+        shifts = [s for s in sign_tests if s.model == model and s.baseline == base and s.variant == var
+                  and s.shift]
+        failed = list(g[g["verdict"] == "fail"]["task"])
+        unsure = list(g[g["verdict"].isin(["unsure", "n/a"])]["task"])
+        passed = list(g[g["verdict"] == "pass"]["task"])
+        shift_where = [s.scope if s.unit == "bucket" else "across tasks" for s in shifts]
+        if failed:
+            decision = "stay on baseline"
+            text = (f"{var} fails the gate on {', '.join(failed)}: stay on {base} for this workload, or try"
+                    " calibrated scales / skipping layers and measure again.")
+        elif shifts:
+            decision = "calibrate"
+            text = (f"{var} passes or is undecided per task, but shifts down systematically"
+                    f" ({', '.join(shift_where)}): calibrate the KV scales before relying on it.")
+        elif unsure:
+            decision = "undecided"
+            text = (f"{var} is not decided on {', '.join(unsure)}: the CI straddles the gate; add samples or"
+                    " repeats.")
+        else:
+            decision = "keep"
+            text = f"{var} keeps the gate on every task ({', '.join(passed)}): FP8 KV is fine here."
+        if shifts and decision != "calibrate":
+            text += f" A systematic downward shift was also found ({', '.join(shift_where)})."
+        out.append({"model": model, "baseline": base, "variant": var, "decision": decision, "text": text,
+                    "tasks_pass": passed, "tasks_fail": failed, "tasks_unsure": unsure})
+    return out

@@ -1,0 +1,321 @@
+"""Runs one task for a kv arm and its baseline, resumably, and writes summary.json."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from fp8eval.config import KVConfig, RunConfig, SamplingConfig
+from fp8eval.engines import build_engine
+from fp8eval.engines.base import EngineError, Request
+from fp8eval.reasoning import split_reasoning
+from fp8eval.records import RECORD_SCHEMA, ArmStore, fingerprint_hash
+from fp8eval.seeds import derive_seed
+from fp8eval.summary import DONE_STATUSES, arm_summary, paired_recovery, select
+from fp8eval.tasks import task_class
+from fp8eval.tasks.base import PROJECT_ROOT, Prompt, Sample, SkipSample, Task, TaskContext
+
+CONF_DIR = PROJECT_ROOT / "conf"
+
+
+class RunError(RuntimeError):
+    """A run cannot proceed; the message says why and what to do."""
+
+
+def load_kv(name: str) -> KVConfig:
+    path = CONF_DIR / "kv" / f"{name}.yaml"
+    if not path.exists():
+        valid = sorted(p.stem for p in (CONF_DIR / "kv").glob("*.yaml"))
+        raise RunError(f"baseline={name!r} is not a kv option; valid: {', '.join(valid)}, none")
+    node = OmegaConf.load(path)
+    node.pop("defaults", None)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(KVConfig), node))
+
+
+def effective_sampling(cfg: RunConfig) -> dict:
+    """model defaults < task settings < user overrides (top-level sampling.*)."""
+    out: dict[str, Any] = {}
+    for layer in (cfg.model.sampling, cfg.task.sampling, cfg.sampling):
+        for f in dataclasses.fields(SamplingConfig):
+            v = getattr(layer, f.name)
+            if v is not None:
+                out[f.name] = list(v) if f.name == "stop" else v
+    out.setdefault("max_tokens", 256)
+    return out
+
+
+def _as_dict(obj) -> dict:
+    return OmegaConf.to_container(OmegaConf.structured(obj), resolve=True) if dataclasses.is_dataclass(obj) else dict(obj)
+
+
+class _Progress:
+    def __init__(self, total: int, desc: str, enabled: bool):
+        self.bar = None
+        if enabled and total:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc=desc, unit="sample", file=sys.stderr, dynamic_ncols=True)
+
+    def update(self, n: int) -> None:
+        if self.bar:
+            self.bar.update(n)
+
+    def close(self) -> None:
+        if self.bar:
+            self.bar.close()
+
+
+@dataclasses.dataclass
+class PlannedItem:
+    sample: Sample
+    repeat: int
+    prompt: Prompt | None
+    prompt_hash: str | None
+    prompt_tokens: int | None
+    skip_reason: str | None
+
+
+class Runner:
+    def __init__(self, cfg: RunConfig, run_dir: Path, out=print):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.out = out
+        self.sampling = effective_sampling(cfg)
+        self.records_root = Path(cfg.records_dir).expanduser()
+        if not self.records_root.is_absolute():
+            self.records_root = Path.cwd() / self.records_root
+        self.shared: dict = {}
+
+    # --- arms -------------------------------------------------------------------------------------------
+    def arms(self) -> list[tuple[str, KVConfig, str]]:
+        """[(kv name, kv config, role)], the baseline first so its records exist before pairing."""
+        variant = self.cfg.kv
+        if not isinstance(variant, KVConfig):
+            variant = OmegaConf.to_object(variant)
+        baseline = self.cfg.baseline
+        if baseline in (None, "none", "") or baseline == variant.name:
+            return [(variant.name, variant, "baseline" if baseline == variant.name else "single")]
+        return [(baseline, load_kv(baseline), "baseline"), (variant.name, variant, "variant")]
+
+    # --- planning ----------------------------------------------------------------------------------------
+    def plan(self, task: Task, engine) -> list[PlannedItem]:
+        items: list[PlannedItem] = []
+        max_len = engine.max_model_len()
+        max_tokens = int(self.sampling["max_tokens"])
+        samples = list(task.samples())
+        bar = _Progress(len(samples), "building prompts", self.cfg.progress and len(samples) > 20)
+        for sample in samples:
+            shared_prompt = None
+            for repeat in range(self.cfg.task.repeats):
+                try:
+                    if task.prompt_varies_by_repeat or shared_prompt is None:
+                        prompt = task.prompt(sample, repeat)
+                        req = self._request("count", prompt, 1, [0])
+                        tokens = engine.count_prompt_tokens(req)
+                        shared_prompt = (prompt, prompt.hash(), tokens)
+                    prompt, phash, tokens = shared_prompt
+                except SkipSample as e:
+                    items.append(PlannedItem(sample, repeat, None, None, None, str(e)))
+                    continue
+                skip = None
+                if tokens + max_tokens > max_len:
+                    skip = (f"prompt {tokens} + max_tokens {max_tokens} tokens exceed max_model_len {max_len}; "
+                            f"skipped, never truncated")
+                items.append(PlannedItem(sample, repeat, prompt, phash, tokens, skip))
+            bar.update(1)
+        bar.close()
+        return items
+
+    def _request(self, rid: str, prompt: Prompt, n: int, seeds: list[int]) -> Request:
+        return Request(id=rid, messages=tuple(prompt.messages), n=n, seeds=tuple(seeds), sampling=dict(self.sampling),
+                       chat_template_kwargs=dict(self.cfg.model.chat_template_kwargs), prompt_text=prompt.prompt_text)
+
+    # --- fingerprint ---------------------------------------------------------------------------------------
+    def fingerprint_material(self, task: Task, engine, kv: KVConfig) -> dict:
+        model = _as_dict(self.cfg.model)
+        for k in ("name", "notes", "sampling"):
+            model.pop(k, None)
+        task_cfg = _as_dict(self.cfg.task)
+        for k in ("repeats", "limit", "sampling"):
+            task_cfg.pop(k, None)
+        kv_d = _as_dict(kv)
+        for k in ("name", "description"):
+            kv_d.pop(k, None)
+        return {
+            "record_schema": RECORD_SCHEMA,
+            "model": model,
+            "engine": engine.describe(),
+            "kv": kv_d,
+            "sampling": self.sampling,
+            "task": {"name": task.name, "version": task.version, "config": task_cfg, **task.fingerprint()},
+            "seed": self.cfg.seed,
+        }
+
+    # --- one arm ---------------------------------------------------------------------------------------
+    def run_arm(self, task: Task, engine, kv: KVConfig, items: list[PlannedItem]) -> dict:
+        material = self.fingerprint_material(task, engine, kv)
+        fp = fingerprint_hash(material)
+        store = ArmStore(self.records_root, task.name, fp, material).open()
+        existing = store.records()
+        current = {(it.sample.id, it.repeat): it for it in items}
+        done = {(r["sample_id"], r["repeat"]) for r in existing
+                if r["status"] in DONE_STATUSES and (r["sample_id"], r["repeat"]) in current
+                and (r["prompt_hash"] == current[(r["sample_id"], r["repeat"])].prompt_hash
+                     or r["status"] == "skipped")}
+        pending = [it for it in items if (it.sample.id, it.repeat) not in done]
+        skipped = [it for it in pending if it.prompt is None or it.skip_reason]
+        store.append([self._record(fp, kv, task, it, None, None) for it in skipped])
+        to_send = [it for it in pending if it.prompt is not None and not it.skip_reason]
+
+        # One request per distinct prompt of a sample: all its missing repeats share one prefill.
+        groups: dict[tuple[str, str], list[PlannedItem]] = {}
+        for it in to_send:
+            groups.setdefault((it.sample.id, it.prompt_hash), []).append(it)
+        requests: list[Request] = []
+        by_id: dict[str, list[PlannedItem]] = {}
+        for (sid, phash), its in groups.items():
+            rid = f"{sid}|{phash[:12]}|{','.join(str(i.repeat) for i in its)}"
+            seeds = [derive_seed(sid, i.repeat, self.cfg.seed) for i in its]
+            requests.append(self._request(rid, its[0].prompt, len(its), seeds))
+            by_id[rid] = its
+        # Longest prompts first: fewer stragglers at the end of a batch.
+        requests.sort(key=lambda r: -by_id[r.id][0].prompt_tokens)
+
+        sent = 0
+        if requests:
+            bar = _Progress(len(to_send), f"{task.name} kv={kv.name}", self.cfg.progress)
+            try:
+                for comp in engine.generate(requests):
+                    sent += 1
+                    its = by_id[comp.request_id]
+                    store.append([self._record(fp, kv, task, it, comp, ch) for it, ch in zip(its, comp.choices)])
+                    bar.update(len(its))
+            finally:
+                bar.close()
+        records = select(store.records(), set(current))
+        summary = arm_summary(records)
+        summary.update({"records": str(store.path), "fingerprint": fp, "requests_sent": sent,
+                        "kv_name": kv.name})
+        summary.update(task.summarize(summary, records))
+        return summary
+
+    def _record(self, fp: str, kv: KVConfig, task: Task, it: PlannedItem, comp, choice) -> dict:
+        rec = {
+            "schema": RECORD_SCHEMA, "arm": fp, "kv": kv.name, "task": task.name, "task_version": task.version,
+            "sample_id": it.sample.id, "repeat": it.repeat,
+            "seed": derive_seed(it.sample.id, it.repeat, self.cfg.seed), "groups": list(it.sample.groups),
+            "prompt_hash": it.prompt_hash, "prompt_tokens": it.prompt_tokens, "sampling": self.sampling,
+            "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        }
+        if choice is None:
+            rec.update(status="skipped", skip_reason=it.skip_reason, completion=None, reasoning=None,
+                       finish_reason=None, output_tokens=None, score=None, extracted=None, score_details={},
+                       latency_s=None, cached_prompt_tokens=None)
+            return rec
+        reasoning, answer = split_reasoning(choice.text)
+        if choice.reasoning:
+            reasoning = choice.reasoning if reasoning is None else choice.reasoning + "\n" + reasoning
+        rec.update(completion=choice.text, reasoning=reasoning, finish_reason=choice.finish_reason,
+                   output_tokens=choice.output_tokens, latency_s=round(comp.latency_s, 4),
+                   cached_prompt_tokens=comp.cached_prompt_tokens, skip_reason=None)
+        if choice.finish_reason == "error":
+            rec.update(status="error", score=None, extracted=None, score_details={"error": choice.error})
+            return rec
+        score = task.score(it.sample, answer, repeat=it.repeat)
+        rec.update(status="ok", score=float(score.value), extracted=score.extracted, score_details=score.details)
+        return rec
+
+    # --- the whole run ------------------------------------------------------------------------------------
+    def run(self) -> dict:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        arms = self.arms()
+        tcls = task_class(cfg.task.name)
+        task_cfg = cfg.task if isinstance(cfg.task, tcls.config_class) else OmegaConf.to_object(cfg.task)
+        summaries: dict[str, dict] = {}
+        task = items = None
+        notes: list[str] = []
+        for name, kv, role in arms:
+            engine = build_engine(cfg, kv, self.shared)
+            try:
+                if task is None:
+                    ctx = TaskContext(
+                        count_tokens=lambda p, e=engine: e.count_prompt_tokens(self._request("count", p, 1, [0])),
+                        max_model_len=engine.max_model_len(), model_name=cfg.model.name, seed=cfg.seed)
+                    task = tcls(task_cfg, ctx)
+                    items = self.plan(task, engine)
+                    notes = task.notes()
+                    for line in notes:
+                        self.out(f"note: {line}")
+                summaries[name] = self.run_arm(task, engine, kv, items)
+                summaries[name]["role"] = role
+            finally:
+                engine.close()
+        summary: dict[str, Any] = {
+            "model": cfg.model.name,
+            "task": cfg.task.name,
+            "baseline": arms[0][0] if arms[0][2] == "baseline" else None,
+            "arms": summaries,
+            "recovery": None,
+            "notes": notes,
+            "sampling": self.sampling,
+            "seed": cfg.seed,
+            "wall_s": None,
+        }
+        if len(arms) == 2:
+            base = select(_read(summaries[arms[0][0]]["records"]), {(it.sample.id, it.repeat) for it in items})
+            var = select(_read(summaries[arms[1][0]]["records"]), {(it.sample.id, it.repeat) for it in items})
+            summary["recovery"] = paired_recovery(base, var)
+        summary["wall_s"] = round(time.perf_counter() - t0, 2)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n",
+                                                   encoding="utf-8")
+        return summary
+
+
+def _read(path: str) -> list[dict]:
+    from fp8eval.records import read_records
+
+    return read_records(Path(path))
+
+
+def format_table(summary: dict) -> str:
+    """A readable recovery table for the terminal."""
+    arms = summary["arms"]
+    names = list(arms)
+    rec = summary.get("recovery") or {}
+    groups: list[str] = []
+    for a in arms.values():
+        for g in a["by_group"]:
+            if g not in groups:
+                groups.append(g)
+
+    def fmt(x, pct=False):
+        if x is None:
+            return "-"
+        return f"{x:.1f}%" if pct else f"{x:.3f}"
+
+    header = ["group"] + names + (["recovery"] if rec else [])
+    rows = [["overall"] + [f"{fmt(arms[n]['score'])} ± {fmt(arms[n]['stderr'])}" for n in names]
+            + ([fmt(rec.get("overall"), True)] if rec else [])]
+    for g in groups:
+        rows.append([g] + [fmt(arms[n]["by_group"].get(g)) for n in names]
+                    + ([fmt(rec.get("by_group", {}).get(g), True)] if rec else []))
+    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
+    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths))  # noqa: E731
+    out = [f"{summary['task']} on {summary['model']}", line(header), line(["-" * w for w in widths])]
+    out += [line(r) for r in rows]
+    extra = []
+    for n in names:
+        a = arms[n]
+        extra.append(f"{n}: n_samples={a['n_samples']} n_repeats={a['n_repeats']} skipped={a['n_skipped']} "
+                     f"errors={a['n_errors']} length_cutoff={fmt(a['length_cutoff_rate'])} "
+                     f"requests_sent={a['requests_sent']}")
+    return "\n".join(out + [""] + extra)

@@ -1,0 +1,82 @@
+"""AIME 2025 (`aime25`) and AIME 2024 (`aime24`): integer answers 0-999 in the last \\boxed{}.
+
+Default data: the copies in tasks/aime25 and tasks/aime24 (see their PROVENANCE.md); with
+`task.data_files=null` the hub dataset is loaded instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from fp8eval.config import TaskConfig
+from fp8eval.tasks.base import Prompt, Sample, Score, Task
+
+
+@dataclass
+class AimeConfig(TaskConfig):
+    name: str = "aime25"
+    repeats: int = 10
+    dataset: str = "math-ai/aime25"
+    dataset_config: Optional[str] = None
+    split: str = "test"
+    revision: Optional[str] = None
+    timeout_s: float = 5.0  # per-item limit for the math-verify fallback
+
+
+@dataclass
+class Aime24Config(AimeConfig):
+    name: str = "aime24"
+    dataset: str = "HuggingFaceH4/aime_2024"
+    split: str = "train"
+
+
+class AimeTask(Task):
+    name = "aime25"
+    version = "1"
+    config_class = AimeConfig
+    prompt_varies_by_repeat = False
+
+    def samples(self) -> Sequence[Sample]:
+        from fp8eval.tasks import reasoning_data as rd
+
+        cfg = self.cfg
+        rows = (rd.load_local(cfg.data_files) if cfg.data_files
+                else rd.load_hub(self.name, cfg.dataset, cfg.dataset_config, cfg.split, cfg.revision))
+        out = []
+        for i, row in enumerate(rows):
+            problem = rd.first(row, "problem", "question", "Problem", "Question")
+            answer = rd.first(row, "answer", "Answer")
+            if problem is None or answer is None:
+                raise ValueError(f"{self.name}: row {i} has no problem/answer field (keys: {sorted(row)})")
+            sid = str(rd.first(row, "id", "ID", "unique_id", default=i))
+            groups = (f"contest={row['contest']}",) if row.get("contest") else ()
+            out.append(Sample(id=sid, data={"problem": problem, "answer": int(str(answer).strip())}, groups=groups))
+        if len({s.id for s in out}) != len(out):
+            raise ValueError(f"{self.name}: duplicate sample ids in the data")
+        return out[: cfg.limit] if cfg.limit else out
+
+    def prompt(self, sample: Sample, repeat: int) -> Prompt:
+        from fp8eval.tasks import reasoning_data as rd
+
+        text = rd.render(rd.read_template(self.name), problem=sample.data["problem"])
+        return Prompt(messages=({"role": "user", "content": text},))
+
+    def score(self, sample: Sample, completion: str) -> Score:
+        from fp8eval.scoring.math import score_aime
+
+        return score_aime(completion, sample.data["answer"], self.cfg.timeout_s)
+
+    def fingerprint(self) -> dict[str, Any]:
+        from fp8eval.tasks import reasoning_data as rd
+
+        return {
+            "templates": rd.templates_hash(self.name),
+            "data_files": rd.data_files_hash(self.cfg.data_files),
+            "scorer": "last_boxed+int0-999+math_verify",
+        }
+
+
+class Aime24Task(AimeTask):
+    name = "aime24"
+    config_class = Aime24Config

@@ -1,0 +1,74 @@
+"""MATH-500 (the PRM800K test subset of MATH): last \\boxed{}, math-verify equivalence, groups per
+subject and per level. Default data: tasks/math500/test.jsonl (see its PROVENANCE.md)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+from fp8eval.config import TaskConfig
+from fp8eval.tasks.base import Prompt, Sample, Score, Task
+
+
+@dataclass
+class Math500Config(TaskConfig):
+    name: str = "math500"
+    repeats: int = 5
+    dataset: str = "HuggingFaceH4/MATH-500"
+    dataset_config: Optional[str] = None
+    split: str = "test"
+    revision: Optional[str] = None
+    timeout_s: float = 5.0  # per-item limit for math-verify parsing and comparison
+
+
+class Math500Task(Task):
+    name = "math500"
+    version = "1"
+    config_class = Math500Config
+    prompt_varies_by_repeat = False
+
+    def samples(self) -> Sequence[Sample]:
+        from fp8eval.tasks import reasoning_data as rd
+
+        cfg = self.cfg
+        rows = (rd.load_local(cfg.data_files) if cfg.data_files
+                else rd.load_hub(self.name, cfg.dataset, cfg.dataset_config, cfg.split, cfg.revision))
+        out = []
+        for i, row in enumerate(rows):
+            answer = row.get("answer")
+            if answer is None:
+                from fp8eval.scoring.math import last_boxed
+
+                answer = last_boxed(row.get("solution", ""))
+            if answer is None or "problem" not in row:
+                raise ValueError(f"math500: row {i} has no problem/answer (keys: {sorted(row)})")
+            groups = []
+            if row.get("subject"):
+                groups.append(f"subject={row['subject']}")
+            if row.get("level") not in (None, ""):
+                groups.append(f"level={row['level']}")
+            sid = str(rd.first(row, "unique_id", "id", default=i))
+            out.append(Sample(id=sid, data={"problem": row["problem"], "answer": str(answer)}, groups=tuple(groups)))
+        if len({s.id for s in out}) != len(out):
+            raise ValueError("math500: duplicate sample ids in the data")
+        return out[: cfg.limit] if cfg.limit else out
+
+    def prompt(self, sample: Sample, repeat: int) -> Prompt:
+        from fp8eval.tasks import reasoning_data as rd
+
+        text = rd.render(rd.read_template(self.name), problem=sample.data["problem"])
+        return Prompt(messages=({"role": "user", "content": text},))
+
+    def score(self, sample: Sample, completion: str) -> Score:
+        from fp8eval.scoring.math import score_math
+
+        return score_math(completion, sample.data["answer"], self.cfg.timeout_s)
+
+    def fingerprint(self) -> dict[str, Any]:
+        from fp8eval.tasks import reasoning_data as rd
+
+        return {
+            "templates": rd.templates_hash(self.name),
+            "data_files": rd.data_files_hash(self.cfg.data_files),
+            "scorer": "last_boxed+exact+math_verify(gold first)",
+        }

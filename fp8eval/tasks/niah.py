@@ -1,0 +1,137 @@
+"""Needle in a haystack, RULER multi-key style (NVIDIA/RULER `niah_multikey`): one target needle and
+distractor needles with other keys in public-domain filler, over a context-length x depth grid counted in
+the model's own tokens under its chat template."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from fp8eval.config import SamplingConfig, TaskConfig
+from fp8eval.haystack import HAYSTACK_DIR, haystack_text, sentence_boundary_before
+from fp8eval.scoring.niah import niah_score
+from fp8eval.seeds import rng_for
+from fp8eval.tasks.base import TASK_DATA_ROOT, Prompt, Sample, Score, SkipSample, Task, file_sha256
+
+_WORDS_A = ("amber", "brisk", "calm", "dusty", "eager", "faint", "gentle", "hollow", "icy", "jolly", "keen",
+            "lofty", "mellow", "noble", "odd", "pale", "quiet", "rapid", "silent", "tidy", "vivid", "witty")
+_WORDS_B = ("anchor", "badger", "candle", "dagger", "falcon", "garden", "harbor", "island", "jacket", "kettle",
+            "lantern", "meadow", "needle", "orchard", "pepper", "quarry", "ribbon", "saddle", "thimble", "violin")
+NEEDLE = "The special magic number for {key} is: {value}."
+
+
+@dataclass
+class NiahConfig(TaskConfig):
+    # Whole-prompt lengths in the model's tokens (chat template included).
+    lengths: list[int] = field(default_factory=lambda: [1024, 2048, 4096, 8000])
+    depths: list[float] = field(default_factory=lambda: [0.0, 25.0, 50.0, 75.0, 100.0])  # percent
+    needles_per_cell: int = 1  # samples per (length, depth) cell, each with its own keys and values
+    distractors: int = 3  # other needles in the same haystack (RULER multi-key)
+    value_digits: int = 7
+    haystack_dir: Optional[str] = None
+    sampling: SamplingConfig = field(default_factory=lambda: SamplingConfig(temperature=0.0, max_tokens=32))
+
+
+class NiahTask(Task):
+    name = "niah"
+    version = "1"
+    config_class = NiahConfig
+
+    def __init__(self, cfg: NiahConfig, ctx):
+        super().__init__(cfg, ctx)
+        self.template = (TASK_DATA_ROOT / "niah" / "prompt.txt").read_text(encoding="utf-8")
+        self._chars_per_token: float | None = None
+        self._notes: list[str] = []
+        self._lengths = self._fit_lengths()
+
+    def _max_tokens(self) -> int:
+        return int(self.cfg.sampling.max_tokens or 32)
+
+    def _fit_lengths(self) -> list[int]:
+        cap = self.ctx.max_model_len - self._max_tokens()
+        lengths = sorted({min(int(n), cap) for n in self.cfg.lengths})
+        if any(int(n) > cap for n in self.cfg.lengths):
+            self._notes.append(
+                f"niah: lengths above {cap} tokens do not fit {self.ctx.model_name}'s max_model_len "
+                f"{self.ctx.max_model_len} minus {self._max_tokens()} output tokens; the grid stops at {cap}."
+            )
+        return lengths
+
+    def notes(self) -> list[str]:
+        return list(self._notes)
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"prompt_sha256": file_sha256(TASK_DATA_ROOT / "niah" / "prompt.txt"), "needle": NEEDLE,
+                "haystack": "default" if not self.cfg.haystack_dir else self.cfg.haystack_dir,
+                "effective_lengths": self._lengths}
+
+    def samples(self) -> list[Sample]:
+        out = []
+        for length in self._lengths:
+            for depth in self.cfg.depths:
+                for k in range(self.cfg.needles_per_cell):
+                    sid = f"len{length}-depth{depth:g}-n{k}"
+                    rng = rng_for("niah", self.ctx.seed, sid)
+                    keys = _distinct_keys(rng, 1 + self.cfg.distractors)
+                    values = [str(rng.randrange(10 ** (self.cfg.value_digits - 1), 10 ** self.cfg.value_digits))
+                              for _ in keys]
+                    distractor_depths = [rng.uniform(0, 100) for _ in keys[1:]]
+                    out.append(Sample(
+                        id=sid,
+                        data={"length": length, "depth": float(depth), "keys": keys, "values": values,
+                              "distractor_depths": distractor_depths},
+                        groups=(f"ctx={length}", f"depth={depth:g}"),
+                    ))
+        if self.cfg.limit is not None:
+            out = out[: self.cfg.limit]
+        return out
+
+    # --- prompt building ------------------------------------------------------------------------------
+    def _render(self, sample: Sample, n_chars: int) -> Prompt:
+        d = sample.data
+        filler = haystack_text(n_chars, self.cfg.haystack_dir or HAYSTACK_DIR)
+        needles = [(d["depth"], NEEDLE.format(key=d["keys"][0], value=d["values"][0]))]
+        needles += [(dd, NEEDLE.format(key=k, value=v))
+                    for dd, k, v in zip(d["distractor_depths"], d["keys"][1:], d["values"][1:])]
+        # Insert from the deepest position backwards so earlier offsets stay valid.
+        spots = sorted(((sentence_boundary_before(filler, int(len(filler) * dep / 100.0)), text)
+                        for dep, text in needles), key=lambda s: s[0], reverse=True)
+        context = filler
+        for pos, text in spots:
+            sep_before = "" if pos == 0 or context[pos - 1] in " \n" else " "
+            context = context[:pos] + sep_before + text + " " + context[pos:]
+        content = self.template.format(context=context.strip(), key=d["keys"][0]).strip()
+        return Prompt(messages=({"role": "user", "content": content},))
+
+    def prompt(self, sample: Sample, repeat: int) -> Prompt:
+        target = int(sample.data["length"])
+        if self._chars_per_token is None:
+            probe = self._render(sample, 20000)
+            self._chars_per_token = 20000 / max(1, self.ctx.count_tokens(probe))
+        overhead = self.ctx.count_tokens(self._render(sample, 0))
+        if overhead >= target:
+            raise SkipSample(f"the prompt without filler is already {overhead} tokens, over the {target} asked")
+        n_chars = int((target - overhead) * self._chars_per_token)
+        for _ in range(8):
+            prompt = self._render(sample, n_chars)
+            tokens = self.ctx.count_tokens(prompt)
+            if target - 16 <= tokens <= target:
+                return prompt
+            n_chars = max(0, int(n_chars + (target - 4 - tokens) * self._chars_per_token))
+        if tokens <= target:
+            return prompt
+        raise SkipSample(f"could not fit the haystack into {target} tokens (last try: {tokens})")
+
+    def score(self, sample: Sample, completion: str, repeat: int = 0) -> Score:
+        value = sample.data["values"][0]
+        return Score(value=niah_score(completion, value), extracted=value if value in completion else None,
+                     details={"expected": value})
+
+
+def _distinct_keys(rng, n: int) -> list[str]:
+    keys: list[str] = []
+    while len(keys) < n:
+        k = f"{rng.choice(_WORDS_A)}-{rng.choice(_WORDS_B)}"
+        if k not in keys:
+            keys.append(k)
+    return keys

@@ -1,0 +1,129 @@
+"""Shared loading for the reasoning tasks: local jsonl / json / csv / parquet files, or the Hugging Face
+hub through `datasets` (imported lazily; an offline machine gets an error that says what to pass)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+from fp8eval.tasks.base import PROJECT_ROOT, TASK_DATA_ROOT, file_sha256
+
+
+class DataUnavailable(RuntimeError):
+    pass
+
+
+def resolve(path: str) -> Path:
+    """A data file path as given, else relative to the project root (so the defaults in conf/task/*.yaml
+    work from any working directory)."""
+    p = Path(path).expanduser()
+    if p.exists() or p.is_absolute():
+        return p
+    return PROJECT_ROOT / p
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
+    if suffix in (".jsonl", ".jsonl.gz"):
+        import gzip
+
+        opener = gzip.open if suffix.endswith(".gz") else open
+        with opener(path, "rt", encoding="utf-8") as f:
+            return [json.loads(line) for line in f if line.strip()]
+    if suffix == ".json":
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        return data if isinstance(data, list) else data["rows"]
+    if suffix == ".csv":
+        with open(path, newline="", encoding="utf-8") as f:
+            return list(csv.DictReader(f))
+    if suffix == ".parquet":
+        import pandas as pd
+
+        return pd.read_parquet(path).to_dict(orient="records")
+    raise ValueError(f"{path}: unsupported data file type {suffix!r} (use .jsonl, .json, .csv or .parquet)")
+
+
+def load_local(data_files: Sequence[str]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for name in data_files:
+        path = resolve(name)
+        if not path.exists():
+            raise FileNotFoundError(f"task.data_files: {name} not found (looked at {path})")
+        rows.extend(read_rows(path))
+    return rows
+
+
+def load_hub(task: str, dataset: str, config: str | None, split: str, revision: str | None) -> list[dict]:
+    hint = (
+        f"Pass local files instead, e.g. `task.data_files=[path/to/{task}.jsonl]` "
+        "(jsonl, json, csv or parquet with the dataset's columns)."
+    )
+    try:
+        import datasets
+    except ImportError as exc:
+        raise DataUnavailable(
+            f"task {task}: loading {dataset} from the Hugging Face hub needs the `datasets` package "
+            f"(pip install 'fp8eval[tasks]'). {hint}"
+        ) from exc
+    try:
+        ds = datasets.load_dataset(dataset, config, split=split, revision=revision)
+    except Exception as exc:  # noqa: BLE001 - offline, gated, or renamed: all need the same advice
+        raise DataUnavailable(
+            f"task {task}: could not load {dataset}" + (f" ({config})" if config else "")
+            + f" split {split} from the Hugging Face hub: {type(exc).__name__}: {exc}. "
+            "Offline or gated datasets need a local copy. " + hint
+        ) from exc
+    return [dict(row) for row in ds]
+
+
+def hub_file(task: str, repo: str, filename: str, revision: str | None) -> Path:
+    """One file of a hub dataset repository (for datasets whose loading script `datasets` no longer runs)."""
+    hint = f"Pass local files instead: `task.data_files=[path/to/{task}.jsonl]`."
+    try:
+        from huggingface_hub import hf_hub_download
+    except ImportError as exc:
+        raise DataUnavailable(f"task {task}: downloading {repo} needs huggingface_hub. {hint}") from exc
+    try:
+        return Path(hf_hub_download(repo, filename, repo_type="dataset", revision=revision))
+    except Exception as exc:  # noqa: BLE001
+        raise DataUnavailable(
+            f"task {task}: could not download {filename} from the hub dataset {repo}: "
+            f"{type(exc).__name__}: {exc}. {hint}"
+        ) from exc
+
+
+def first(row: dict, *keys: str, default: Any = None) -> Any:
+    for k in keys:
+        if k in row and row[k] is not None and row[k] != "":
+            return row[k]
+    return default
+
+
+def render(template: str, **fields: str) -> str:
+    """Fill {name} placeholders in one pass: braces inside the inserted values (LaTeX) are left alone,
+    and braces in the template that are not a known field stay as they are."""
+    return re.sub(r"\{(\w+)\}", lambda m: str(fields[m.group(1)]) if m.group(1) in fields else m.group(0), template)
+
+
+def task_dir(name: str) -> Path:
+    return TASK_DATA_ROOT / name
+
+
+def read_template(task: str, filename: str = "prompt.txt") -> str:
+    with open(task_dir(task) / filename, encoding="utf-8") as f:
+        return f.read()
+
+
+def templates_hash(task: str) -> dict[str, str]:
+    """sha256 of every prompt template file of the task (part of the fingerprint)."""
+    return {p.name: file_sha256(p) for p in sorted(task_dir(task).glob("*.txt"))}
+
+
+def data_files_hash(data_files: Sequence[str] | None) -> dict[str, str] | None:
+    if not data_files:
+        return None
+    return {name: file_sha256(resolve(name)) for name in data_files}
