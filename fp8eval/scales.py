@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
-import torch
+if TYPE_CHECKING:  # torch is imported where it is used: kv configs import this module at composition
+    import torch
 
 JSON_FORMAT = "fp8eval-kv-scales/1"
 STRATEGIES = ("tensor", "attn_head")
@@ -74,7 +74,9 @@ class KVScales:
         }
 
 
-def _values(t: torch.Tensor) -> list[float]:
+def _values(t: "torch.Tensor") -> list[float]:
+    import torch
+
     return [float(x) for x in t.detach().to(torch.float32).reshape(-1).tolist()]
 
 
@@ -92,6 +94,8 @@ def scales_sha256(strategy: str, k: Mapping[int, torch.Tensor], v: Mapping[int, 
 
 def make_kv_scales(strategy: str, k: Mapping[int, torch.Tensor], v: Mapping[int, torch.Tensor], source: str) -> KVScales:
     """Normalise shapes and dtype, validate, hash."""
+    import torch
+
     if strategy not in STRATEGIES:
         raise ValueError(f"{source}: unknown KV scale strategy {strategy!r}; valid: {', '.join(STRATEGIES)}")
     if set(k) != set(v):
@@ -135,6 +139,8 @@ def _from_json(path: Path) -> KVScales:
     unknown = set(data) - {"format", "strategy", "k_scale", "v_scale", "sha256", "meta"}
     if unknown:
         raise ValueError(f"{path}: unknown keys {sorted(unknown)}")
+
+    import torch
 
     def table(key: str) -> dict[int, torch.Tensor]:
         raw = data.get(key)
@@ -197,8 +203,3 @@ def save_kv_scales_json(scales: KVScales, path: str | Path, meta: dict | None = 
         data["meta"] = meta
     path.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
     return path
-
-
-def saturation_threshold(scale: float) -> float:
-    """Largest |x| that survives `fp8(x / scale)` unclipped."""
-    return FP8_E4M3_MAX * scale if math.isfinite(scale) else math.inf
