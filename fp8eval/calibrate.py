@@ -53,7 +53,6 @@ class CalibConfig:
     # per-batch min/max, averaging constant 0.01); "static_minmax" = the absolute max over all samples.
     observer: Optional[str] = None
     pipeline: str = "independent"  # llm-compressor's default (sequential for this modifier) | sequential | basic
-    batch_size: int = 1
     dtype: str = "auto"  # dtype the model is loaded in for calibration (auto = the checkpoint's)
     threads: Optional[int] = None  # torch CPU threads (1 is much faster on a busy 2-core machine)
     cache_dir: Optional[str] = None  # default: $FP8EVAL_CACHE/calibrated (~/.cache/fp8eval/calibrated)
@@ -137,7 +136,7 @@ def validate(calib: CalibConfig) -> None:
         raise bad("strategy", calib.strategy, f"valid: {', '.join(STRATEGIES)}")
     if calib.pipeline not in PIPELINES:
         raise bad("pipeline", calib.pipeline, f"valid: {', '.join(PIPELINES)}")
-    for key in ("samples", "seq_len", "batch_size"):
+    for key in ("samples", "seq_len"):
         if getattr(calib, key) < 1:
             raise bad(key, getattr(calib, key), "must be >= 1")
     if calib.dtype not in ("auto", "float32", "bfloat16", "float16"):
@@ -300,7 +299,6 @@ def cache_key(model: ModelConfig, calib: CalibConfig, data: DatasetSource) -> di
         "seed": calib.seed,
         "observer": calib.observer,
         "pipeline": calib.pipeline,
-        "batch_size": calib.batch_size,
         "dtype": calib.dtype,
         "versions": {d: _version(d) for d in ("llmcompressor", "compressed-tensors", "transformers", "torch")},
     }
@@ -411,10 +409,12 @@ def run_oneshot(model, tokenized: TokenizedSet, calib: CalibConfig) -> None:
         recipe=recipe,
         num_calibration_samples=len(tokenized.input_ids),
         max_seq_length=calib.seq_len,
-        # Rows are already picked and ordered by our seed; llm-compressor must not reshuffle them.
+        # Rows are already picked by our seed. Unshuffled, llm-compressor feeds them longest first.
         shuffle_calibration_samples=False,
         pipeline=calib.pipeline,
-        batch_size=calib.batch_size,
+        # One sample per batch: its batching collator cuts every sample to the shortest in the batch, and
+        # padding would put pad-token K/V into the observed ranges.
+        batch_size=1,
     )
 
 
