@@ -320,11 +320,13 @@ class KVStats:
     amax: dict[str, dict[int, list[float]]]  # "k"/"v" -> layer -> [H_kv]
     n_values: dict[str, dict[int, list[int]]]
     n_saturate_at_1: dict[str, dict[int, list[int]]]  # |x| > 448: clipped by uncalibrated FP8
+    n_clip_at_scale: dict[str, dict[int, list[int]]]  # |x| > 448 s: clipped at the calibrated scale
     n_subnormal_at_1: dict[str, dict[int, list[int]]]  # 0 < |x| < 2^-6: fewer mantissa bits at scale 1.0
     rel_err_at_1: dict[str, dict[int, float]]  # ||x - fp8(x)|| / ||x|| at scale 1.0, whole layer
+    rel_err_at_scale: dict[str, dict[int, float]]  # the same at the calibrated scale
 
 
-def collect_kv_stats(model, input_ids: list[list[int]]) -> KVStats:
+def collect_kv_stats(model, input_ids: list[list[int]], scales: KVScales) -> KVStats:
     """One forward per sample with a cache that records what attention stores: the keys and values as
     handed to the cache (post-rotary, post k-norm), which is what llm-compressor observes and vLLM caches."""
     import torch
@@ -333,18 +335,22 @@ def collect_kv_stats(model, input_ids: list[list[int]]) -> KVStats:
     from fp8eval.quant import fp8_roundtrip
 
     acc: dict[str, dict[int, dict[str, torch.Tensor]]] = {"k": {}, "v": {}}
+    table_of = {"k": scales.k, "v": scales.v}
 
     def record(which: str, layer: int, x: torch.Tensor) -> None:
         x = x.detach().float()  # [B, H_kv, T, D]
         a = x.abs()
         dims = (0, 2, 3)
-        q = fp8_roundtrip(x, 1.0, "e4m3")
+        s = table_of[which][layer].to(x.device)
+        limit = FP8_E4M3_MAX * (s.reshape(1, -1, 1, 1) if s.ndim else s)
         new = {
             "amax": a.amax(dim=dims),
             "n": torch.full((x.shape[1],), a[:, :1].numel(), dtype=torch.float64),
             "sat": (a > FP8_E4M3_MAX).sum(dim=dims).double(),
+            "clip": (a > limit).sum(dim=dims).double(),
             "sub": ((a > 0) & (a < FP8_E4M3_MIN_NORMAL)).sum(dim=dims).double(),
-            "err2": ((x - q) ** 2).sum().double().reshape(1),
+            "err2_1": ((x - fp8_roundtrip(x, 1.0, "e4m3")) ** 2).sum().double().reshape(1),
+            "err2_s": ((x - fp8_roundtrip(x, s, "e4m3")) ** 2).sum().double().reshape(1),
             "sig2": (x**2).sum().double().reshape(1),
         }
         old = acc[which].get(layer)
@@ -352,8 +358,9 @@ def collect_kv_stats(model, input_ids: list[list[int]]) -> KVStats:
             acc[which][layer] = new
         else:
             old["amax"] = torch.maximum(old["amax"], new["amax"])
-            for k in ("n", "sat", "sub", "err2", "sig2"):
-                old[k] = old[k] + new[k]
+            for k in new:
+                if k != "amax":
+                    old[k] = old[k] + new[k]
 
     class StatsCache(DynamicCache):
         def update(self, key_states, value_states, layer_idx, *args, **kwargs):
@@ -370,14 +377,28 @@ def collect_kv_stats(model, input_ids: list[list[int]]) -> KVStats:
     def table(field_name: str, cast):
         return {w: {l: [cast(v) for v in d[field_name].tolist()] for l, d in sorted(acc[w].items())} for w in acc}
 
+    def rel(err: str):
+        return {w: {l: float((d[err] / d["sig2"].clamp_min(1e-30)).sqrt()) for l, d in sorted(acc[w].items())}
+                for w in acc}
+
     return KVStats(
         amax=table("amax", float),
         n_values=table("n", int),
         n_saturate_at_1=table("sat", int),
+        n_clip_at_scale=table("clip", int),
         n_subnormal_at_1=table("sub", int),
-        rel_err_at_1={w: {l: float((d["err2"] / d["sig2"].clamp_min(1e-30)).sqrt()) for l, d in sorted(acc[w].items())}
-                      for w in acc},
+        rel_err_at_1=rel("err2_1"),
+        rel_err_at_scale=rel("err2_s"),
     )
+
+
+def collect_kv_stats_unquantized(model, input_ids: list[list[int]], scales: KVScales) -> KVStats:
+    """After one-shot the attention modules fake-quantize K/V in their forward; switched off here, the
+    statistics are those of the unquantized model (what the BF16 baseline caches)."""
+    from llmcompressor.utils.helpers import DisableQuantization
+
+    with DisableQuantization(model):
+        return collect_kv_stats(model, input_ids, scales)
 
 
 # --- llm-compressor ---------------------------------------------------------------------------------------
@@ -428,24 +449,35 @@ def risk_summary(stats: KVStats) -> list[str]:
     for which, name in (("k", "K"), ("v", "V")):
         n = sum(sum(v) for v in stats.n_values[which].values())
         sat = sum(sum(v) for v in stats.n_saturate_at_1[which].values())
+        clip = sum(sum(v) for v in stats.n_clip_at_scale[which].values())
         sub = sum(sum(v) for v in stats.n_subnormal_at_1[which].values())
         amax = max(max(v) for v in stats.amax[which].values())
         worst = max(stats.rel_err_at_1[which].items(), key=lambda kv: kv[1])
+        worst_s = max(stats.rel_err_at_scale[which].items(), key=lambda kv: kv[1])
         sat_layers = sorted(l for l, v in stats.n_saturate_at_1[which].items() if sum(v))
         lines.append(
-            f"- **{name}**: max |{name.lower()}| = {_fmt(amax)} over {n:,} values; at scale 1.0, "
-            f"{sat:,} ({_fmt(100 * sat / n)}%) would saturate (|x| > 448)"
+            f"- **{name}**: max |{name.lower()}| = {_fmt(amax)} over {n:,} values. At scale 1.0: "
+            f"{sat:,} ({_fmt(100 * sat / n)}%) saturate (|x| > 448)"
             + (f" in layers {sat_layers}" if sat_layers else "")
-            + f", {_fmt(100 * sub / n)}% are below 2^-6 (subnormal: fewer than 3 mantissa bits); "
-            f"worst layer FP8 round-trip error at scale 1.0: {_fmt(100 * worst[1])}% (layer {worst[0]})."
+            + f", {_fmt(100 * sub / n)}% are subnormal (< 2^-6, fewer than 3 mantissa bits), worst layer "
+            f"round-trip error {_fmt(100 * worst[1])}% (layer {worst[0]}). At the calibrated scales: {clip:,} "
+            f"({_fmt(100 * clip / n)}%) clip, worst layer error {_fmt(100 * worst_s[1])}% (layer {worst_s[0]})."
         )
     any_sat = any(sum(v) for w in ("k", "v") for v in stats.n_saturate_at_1[w].values())
+    any_clip = any(sum(v) for w in ("k", "v") for v in stats.n_clip_at_scale[w].values())
     if any_sat:
         lines.append("- **Verdict: uncalibrated FP8 (scale 1.0) clips real values of this model: calibrate.**")
+    elif any_clip:
+        lines.append(
+            "- **Verdict: nothing saturates at scale 1.0, but these calibrated scales clip the largest "
+            "values** (a moving-average observer sits below the maximum). Calibrated and uncalibrated FP8 "
+            "trade range for precision differently here; only an evaluation says which is better "
+            "(`calib.observer=static_minmax` gives scales that clip nothing seen in calibration)."
+        )
     else:
         lines.append(
-            "- **Verdict: nothing saturates at scale 1.0**; calibration can still help where many values are "
-            "subnormal (small amax), and only an evaluation shows whether it matters."
+            "- **Verdict: nothing saturates at scale 1.0 and nothing clips at the calibrated scales**; "
+            "calibration can still help where many values are subnormal at scale 1.0 (small amax)."
         )
     return lines
 
@@ -460,21 +492,21 @@ def write_report(out_dir: Path, scales: KVScales, stats: KVStats, key: dict, tok
             s = sc[layer].reshape(-1).tolist()
             amax = stats.amax[which].get(layer, [float("nan")])
             amax_t = max(amax)
-            # headroom > 1: the largest calibration values clip at the calibrated scale (moving-average
-            # observers do that on purpose: outlier batches do not set the range alone).
             if per_head:
                 head = [a / (FP8_E4M3_MAX * x) for a, x in zip(amax, s)]
                 cells += [" ".join(_fmt(x) for x in s), _fmt(amax_t), " ".join(f"{h:.2f}" for h in head)]
             else:
                 cells += [_fmt(s[0]), _fmt(amax_t), f"{amax_t / (FP8_E4M3_MAX * s[0]):.2f}"]
             cells += [str(sum(stats.n_saturate_at_1[which].get(layer, [0]))),
-                      f"{100 * stats.rel_err_at_1[which].get(layer, float('nan')):.2f}"]
+                      str(sum(stats.n_clip_at_scale[which].get(layer, [0]))),
+                      f"{100 * stats.rel_err_at_1[which].get(layer, float('nan')):.2f}",
+                      f"{100 * stats.rel_err_at_scale[which].get(layer, float('nan')):.2f}"]
         rows.append("| " + " | ".join(cells) + " |")
     scale_col = "scales (per head)" if per_head else "scale"
     header = (
-        f"| layer | k {scale_col} | k amax | k amax/(448·s) | k sat@1.0 | k err@1.0 % "
-        f"| v {scale_col} | v amax | v amax/(448·s) | v sat@1.0 | v err@1.0 % |\n"
-        "|---:|---|---:|---|---:|---:|---|---:|---|---:|---:|"
+        f"| layer | k {scale_col} | k amax | k amax/(448·s) | k sat@1.0 | k clip@s | k err@1.0 % | k err@s % "
+        f"| v {scale_col} | v amax | v amax/(448·s) | v sat@1.0 | v clip@s | v err@1.0 % | v err@s % |\n"
+        "|---:|---|---:|---|---:|---:|---:|---:|---|---:|---|---:|---:|---:|---:|"
     )
     ds = key["dataset"]
     ds_name = ds.get("id") or ds.get("name")
@@ -489,9 +521,11 @@ def write_report(out_dir: Path, scales: KVScales, stats: KVStats, key: dict, tok
         "",
         "A scale s stores x as fp8(x / s) and reads fp8 · s (vLLM and compressed-tensors semantics); "
         "llm-compressor sets s = amax / 448. Uncalibrated vLLM uses s = 1.0. amax is measured here over the "
-        "same calibration tokens, K after rotary embedding (as cached). `sat@1.0` = values with |x| > 448, "
-        "which scale 1.0 clips; `err@1.0` = relative RMS error of the FP8 round trip at scale 1.0; "
-        "`amax/(448·s)` > 1 means the largest calibration values clip at the calibrated scale.",
+        "same calibration tokens on the unquantized model, K after rotary embedding (as cached). `sat@1.0` = "
+        "values with |x| > 448, which scale 1.0 clips; `clip@s` = values with |x| > 448·s, which the calibrated "
+        "scale s clips; `err@…` = relative RMS error of the FP8 round trip at that scale; `amax/(448·s)` > 1 "
+        "means the largest calibration values clip at the calibrated scale (a moving-average observer does "
+        "that on purpose).",
         "",
         "## Summary",
         "",
@@ -583,8 +617,6 @@ def calibrate(model: ModelConfig, calib: CalibConfig, log=print) -> Path:
     tokenized = tokenize_rows(rows, indices, tok, calib.seq_len, model.chat_template)
     log(f"calibrate: {len(indices)} samples, {tokenized.n_tokens:,} tokens "
         f"({tokenized.n_truncated} cut to seq_len {calib.seq_len})")
-    # Statistics first, on the untouched model: llm-compressor hooks the attention modules in place.
-    stats = collect_kv_stats(lm, tokenized.input_ids) if calib.report else None
     run_oneshot(lm, tokenized, calib)
 
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
@@ -606,7 +638,8 @@ def calibrate(model: ModelConfig, calib: CalibConfig, log=print) -> Path:
         "wall_s": round(time.time() - t0, 1),
         "command": " ".join(sys.argv),
     }
-    if stats is not None:
+    if calib.report:
+        stats = collect_kv_stats_unquantized(lm, tokenized.input_ids, scales)
         manifest["stats"] = dataclasses.asdict(stats)
         write_report(tmp, dataclasses.replace(scales, source=str(out)), stats, key, tokenized, model.name)
     save_kv_scales_json(scales, tmp / "kv_scales.json", meta={"checkpoint": str(out), "key_sha256": key_hash(key)})

@@ -324,6 +324,14 @@ def test_tensor_scales_match_independently_measured_amax(calibrated):
             below_amax += ratio < 0.99
     # The two checks are not the same check: for some layers the average is visibly below the maximum.
     assert below_amax > 0
+    # The report counts clipped values at the calibrated scale: some exactly where amax/448 exceeds it.
+    stats = json.loads((path / "calibration.json").read_text())["stats"]
+    for layer in range(n_layers):
+        for which, table in (("k", s.k), ("v", s.v)):
+            ratio = float(amax(m, which, layer, False)) / 448.0 / float(table[layer])
+            if abs(ratio - 1) > 1e-4:
+                assert (sum(stats["n_clip_at_scale"][which][str(layer)]) > 0) == (ratio > 1), (which, layer)
+            assert sum(stats["n_saturate_at_1"][which][str(layer)]) == 0  # |k|, |v| < 30 in this model
 
 
 @needs_calibration
@@ -356,7 +364,7 @@ def test_outputs_report_and_cache_hit(calibrated, monkeypatch):
     qc = json.loads((path / "config.json").read_text())["quantization_config"]
     assert qc["kv_cache_scheme"]["strategy"] == "attn_head" and qc["kv_cache_scheme"]["type"] == "float"
     report = (path / "scales_report.md").read_text()
-    assert "would saturate (|x| > 448)" in report and "| 29 |" in report
+    assert "saturate (|x| > 448)" in report and "clip@s" in report and "| 29 |" in report
     assert (path / "scales_report.png").stat().st_size > 10_000
     # The report's own amax (a cache hook, not llm-compressor) agrees with the static_minmax scales.
     stats_amax = manifest["stats"]["amax"]["v"]["3"]
