@@ -558,7 +558,7 @@ def plot_scales(path: Path, scales: KVScales, stats: KVStats, model_name: str) -
             label = "calibrated scale" if n_heads == 1 else f"calibrated scale, head {h}"
             ax.plot(layers, [v[h] for v in vals], marker="o", ms=3, lw=1, label=label)
         ax.plot(layers, [max(stats.amax[which][l]) / FP8_E4M3_MAX for l in layers], ls="--", color="black",
-                lw=1, label="measured amax / 448")
+                lw=1, label="measured amax / 448" + (" (max over heads)" if n_heads > 1 else ""))
         ax.axhline(1.0, color="red", lw=1, ls=":", label="uncalibrated scale 1.0")
         ax.set_yscale("log")
         ax.set_xlabel("layer")
