@@ -5,6 +5,7 @@ The last line printed on stdout is the run directory (other tools read it).
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -20,29 +21,58 @@ register_configs()
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from fp8eval.engines.base import EngineError
-    from fp8eval.runner import Runner, RunError, format_table
+    from fp8eval.errors import Fp8evalError
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     typed = OmegaConf.to_object(cfg)
     try:
-        summary = Runner(typed, run_dir).run()
-    except (EngineError, RunError) as e:
+        if typed.suite is not None:
+            _run_suite(typed, run_dir)
+        else:
+            _run_one(typed, run_dir)
+    except Fp8evalError as e:
         print(f"\nfp8eval: {e}", file=sys.stderr)
         sys.exit(2)
-    print()
-    print(format_table(summary))
-    if typed.report and summary.get("recovery") is not None:
+    if typed.report:
         _write_report(run_dir)
     print(run_dir)
 
 
+def _run_one(typed, run_dir: Path) -> dict:
+    from fp8eval.runner import Runner, format_table
+
+    summary = Runner(typed, run_dir).run()
+    print()
+    print(format_table(summary))
+    return summary
+
+
+def _run_suite(typed, run_dir: Path) -> None:
+    """Each task of the suite composed as `task=<name>` with the user's other overrides, in its own
+    subdirectory with its own saved config, so the report reads each like a single run."""
+    from hydra import compose
+
+    user = [o for o in HydraConfig.get().overrides.task
+            if o.split("=")[0].lstrip("+~").split(".")[0] != "suite" and o.split("=")[0].lstrip("+~") != "task"]
+    summaries = {}
+    for name in typed.suite.tasks:
+        composed = compose(config_name="config", overrides=[*user, f"task={name}"])
+        sub = run_dir / name
+        (sub / ".hydra").mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(composed, sub / ".hydra" / "config.yaml")
+        summaries[name] = _run_one(OmegaConf.to_object(composed), sub)
+    suite = {"model": typed.model.name, "task": f"suite:{typed.suite.name}", "suite": list(typed.suite.tasks),
+             "tasks": {n: str(run_dir / n / "summary.json") for n in summaries},
+             "recovery": {n: (s.get("recovery") or {}).get("overall") for n, s in summaries.items()}}
+    (run_dir / "suite.json").write_text(json.dumps(suite, indent=2) + "\n", encoding="utf-8")
+
+
 def _write_report(run_dir: Path) -> None:
-    try:
-        from fp8eval.report import write_report
-    except ImportError:
+    if not any(run_dir.rglob("summary.json")):
         return
     try:
+        from fp8eval.report import write_report
+
         out = write_report([run_dir], run_dir / "report")
         print(f"report: {out}")
     except Exception as e:  # the run's results stand even when a figure fails

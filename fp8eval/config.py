@@ -98,11 +98,19 @@ class TaskConfig:
 
 
 @dataclass
+class SuiteConfig:
+    name: str = MISSING
+    tasks: list[str] = MISSING  # task options, each run with its own conf/task/<name>.yaml
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = MISSING
     kv: KVConfig = MISSING
     engine: EngineConfig = MISSING
     task: TaskConfig = MISSING
+    # `suite=reasoning` runs several tasks in one invocation (each in a subdirectory of the run dir).
+    suite: Optional[SuiteConfig] = None
     # User overrides on top of model and task sampling (null fields change nothing).
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
     seed: int = 1234
@@ -128,5 +136,6 @@ def register_configs() -> None:
     cs.store(group="schema/kv", name="kv", node=KVConfig)
     cs.store(group="schema/engine", name="engine", node=EngineConfig)
     cs.store(group="schema/task", name="task", node=TaskConfig)
+    cs.store(group="schema/suite", name="suite", node=SuiteConfig)
     for name, cls in task_config_classes().items():
         cs.store(group="schema/task", name=name, node=cls)

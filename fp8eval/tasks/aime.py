@@ -62,7 +62,7 @@ class AimeTask(Task):
         text = rd.render(rd.read_template(self.name), problem=sample.data["problem"])
         return Prompt(messages=({"role": "user", "content": text},))
 
-    def score(self, sample: Sample, completion: str) -> Score:
+    def score(self, sample: Sample, completion: str, repeat: int = 0) -> Score:
         from fp8eval.scoring.math import score_aime
 
         return score_aime(completion, sample.data["answer"], self.cfg.timeout_s)

@@ -56,6 +56,7 @@ class TaskContext:
     max_model_len: int
     model_name: str
     seed: int
+    max_tokens: int = 256  # the effective output budget of every request (prompt + this must fit)
 
 
 class SkipSample(Exception):
@@ -70,6 +71,10 @@ class Task:
     # True when the prompt differs between repeats (e.g. GPQA choice order); otherwise all repeats
     # of a sample share one request with n samples, so one prefill serves them all.
     prompt_varies_by_repeat: ClassVar[bool] = False
+    # Config keys that only choose which samples run (a grid's lengths, a row limit), not what any one
+    # sample's prompt or score is: they stay out of the arm fingerprint, so a larger grid reuses the
+    # records of a smaller one. Each reused record's prompt hash is still checked.
+    selection_keys: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, cfg: TaskConfig, ctx: TaskContext):
         self.cfg = cfg

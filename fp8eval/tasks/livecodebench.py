@@ -99,7 +99,7 @@ class LiveCodeBenchTask(Task):
         system = rd.read_template(self.name, "system.txt").strip()
         return Prompt(messages=({"role": "system", "content": system}, {"role": "user", "content": user}))
 
-    def score(self, sample: Sample, completion: str) -> Score:
+    def score(self, sample: Sample, completion: str, repeat: int = 0) -> Score:
         from fp8eval.scoring.code import score_code
 
         d = sample.data

@@ -59,7 +59,7 @@ class Math500Task(Task):
         text = rd.render(rd.read_template(self.name), problem=sample.data["problem"])
         return Prompt(messages=({"role": "user", "content": text},))
 
-    def score(self, sample: Sample, completion: str) -> Score:
+    def score(self, sample: Sample, completion: str, repeat: int = 0) -> Score:
         from fp8eval.scoring.math import score_math
 
         return score_math(completion, sample.data["answer"], self.cfg.timeout_s)

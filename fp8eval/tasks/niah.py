@@ -36,6 +36,7 @@ class NiahTask(Task):
     name = "niah"
     version = "1"
     config_class = NiahConfig
+    selection_keys = ("lengths", "depths", "needles_per_cell")
 
     def __init__(self, cfg: NiahConfig, ctx):
         super().__init__(cfg, ctx)
@@ -45,7 +46,7 @@ class NiahTask(Task):
         self._lengths = self._fit_lengths()
 
     def _max_tokens(self) -> int:
-        return int(self.cfg.sampling.max_tokens or 32)
+        return int(self.ctx.max_tokens)
 
     def _fit_lengths(self) -> list[int]:
         cap = self.ctx.max_model_len - self._max_tokens()
@@ -62,8 +63,7 @@ class NiahTask(Task):
 
     def fingerprint(self) -> dict[str, Any]:
         return {"prompt_sha256": file_sha256(TASK_DATA_ROOT / "niah" / "prompt.txt"), "needle": NEEDLE,
-                "haystack": "default" if not self.cfg.haystack_dir else self.cfg.haystack_dir,
-                "effective_lengths": self._lengths}
+                "haystack": "default" if not self.cfg.haystack_dir else self.cfg.haystack_dir}
 
     def samples(self) -> list[Sample]:
         out = []

@@ -3,6 +3,8 @@ hub through `datasets` (imported lazily; an offline machine gets an error that s
 
 from __future__ import annotations
 
+from fp8eval.errors import Fp8evalError
+
 import csv
 import json
 import re
@@ -12,7 +14,7 @@ from typing import Any, Sequence
 from fp8eval.tasks.base import PROJECT_ROOT, TASK_DATA_ROOT, file_sha256
 
 
-class DataUnavailable(RuntimeError):
+class DataUnavailable(Fp8evalError):
     pass
 
 

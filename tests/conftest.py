@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+def compose(overrides: list[str]):
+    """The typed RunConfig Hydra would build for `python -m fp8eval <overrides>`."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from fp8eval.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=overrides)
+    return OmegaConf.to_object(cfg)
+
+
+def run_inprocess(tmp_path: Path, overrides: list[str], name: str = "run") -> dict:
+    from fp8eval.runner import Runner
+
+    cfg = compose([f"records_dir={tmp_path / 'records'}", "progress=false", *overrides])
+    return Runner(cfg, tmp_path / name, out=lambda *a: None).run()
+
+
+def run_cli(tmp_path: Path, overrides: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    flags = [o for o in overrides if o.startswith("-")]
+    rest = [o for o in overrides if not o.startswith("-")]
+    proc = subprocess.run([sys.executable, "-m", "fp8eval", *flags, f"records_dir={tmp_path / 'records'}",
+                           "progress=false", *rest], cwd=tmp_path, env=env, capture_output=True, text=True, **kw)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}")
+    return proc
+
+
+def summary_of(proc: subprocess.CompletedProcess) -> dict:
+    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip("../shared/data is not present")
+    return SHARED_DATA
