@@ -110,7 +110,8 @@ def latest_checkpoint(model_name: str, strategy: str, root: Path | None = None) 
         if (path / "calibration.json").is_file():
             return path
     raise CalibrationError(
-        f"no calibrated {strategy} KV scales for model {model_name!r} under {root}. Make them with "
+        f"kv.scales needs a scales source: no calibrated {strategy} KV scales for model {model_name!r} "
+        f"under {root}. Make them with "
         f"`python -m fp8eval.calibrate model={model_name} calib.strategy={strategy}` (offline: add "
         f"calib=offline), or set kv.scales=PATH to a checkpoint or scales JSON."
     )
