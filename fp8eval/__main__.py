@@ -23,8 +23,21 @@ register_configs()
 def main(cfg: DictConfig) -> None:
     from fp8eval.errors import Fp8evalError
 
+    from omegaconf.errors import InterpolationResolutionError
+
+    from fp8eval.calibrate import CalibrationError
+
     run_dir = Path(HydraConfig.get().runtime.output_dir)
-    typed = OmegaConf.to_object(cfg)
+    try:
+        typed = OmegaConf.to_object(cfg)
+    except InterpolationResolutionError as e:  # ${calibrated:...} with nothing calibrated yet
+        cause = e
+        while cause is not None and not isinstance(cause, CalibrationError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None:
+            raise
+        print(f"\nfp8eval: {cause}", file=sys.stderr)
+        sys.exit(2)
     try:
         if typed.suite is not None:
             _run_suite(typed, run_dir)

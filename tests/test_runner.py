@@ -155,7 +155,9 @@ def test_multirun_sweeps_kv(tmp_path):
     (["engine.nope=1"], "Valid keys under engine"),
     (["model.sampling.temp=1"], "Valid keys under model.sampling"),
     (["baseline=fp9"], "valid: bf16"),
-    (["kv=fp8_per_head"], "needs a scales source"),
+    # Hermetic whatever the local calibration cache holds: no scales at all, and a model never calibrated.
+    (["kv=fp8_per_head", "kv.scales=null"], "needs a scales source"),
+    (["kv=fp8_calibrated", "model.name=never-calibrated"], "needs a scales source"),
 ])
 def test_config_errors_are_clear(tmp_path, args, needle):
     engine = [] if "kv=fp8_per_head" in args else ["engine=fake"]
