@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -449,3 +450,50 @@ def test_fp8_error_from_vllm_itself_is_explained(tmp_path, monkeypatch):
     msg = str(err.value)
     print("\n" + msg)
     assert "FP8 KV cache on CPU requires x86 with AVX-512 or AMX" in msg and "engine=reference" in msg
+
+
+def test_runner_resumes_after_the_server_dies_mid_run(tmp_path):
+    """Through the runner and its records store: a server killed mid-run, then a rerun against a restarted
+    server (same URL) finishes the arm with every (sample, repeat) exactly once."""
+    import threading
+
+    from conftest import run_inprocess
+    from fp8eval.errors import Fp8evalError
+    from fp8eval.records import read_records
+
+    model = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the default model config asks the server for
+    srv = FakeOpenAIServer(model=model).start()
+    srv.slow_next, srv.slow_s = 1000, 0.6
+    port = srv.port
+    args = ["engine=server", f"engine.base_url={srv.url}", "engine.concurrency=2", "engine.max_retries=1",
+            "engine.request_timeout_s=5", "kv=bf16", "baseline=none", "task=aime25", "task.limit=10",
+            "task.repeats=2", "model.max_model_len=4096", "sampling.max_tokens=64"]
+    records_dir = tmp_path / "records" / "aime25"
+
+    def kill_when_some_are_written():
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            files = list(records_dir.glob("*.jsonl")) if records_dir.exists() else []
+            if files and len(read_records(files[0])) >= 2:
+                break
+            time.sleep(0.02)
+        srv.stop()
+
+    killer = threading.Thread(target=kill_when_some_are_written)
+    killer.start()
+    with pytest.raises(Fp8evalError):
+        run_inprocess(tmp_path, args, "first")
+    killer.join()
+    [path] = list(records_dir.glob("*.jsonl"))
+    before = read_records(path)
+    assert 2 <= len(before) < 20
+    srv2 = FakeOpenAIServer(port=port, model=model).start()
+    try:
+        s = run_inprocess(tmp_path, args, "second")
+    finally:
+        srv2.stop()
+    after = read_records(path)
+    keys = [(r["sample_id"], r["repeat"]) for r in after]
+    assert len(keys) == len(set(keys)) == 20
+    assert after[: len(before)] == before
+    assert s["arms"]["bf16"]["requests_sent"] == len({k[0] for k in set(keys) - {(r["sample_id"], r["repeat"]) for r in before}})
