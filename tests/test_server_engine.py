@@ -463,10 +463,10 @@ def test_runner_resumes_after_the_server_dies_mid_run(tmp_path):
 
     model = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the default model config asks the server for
     srv = FakeOpenAIServer(model=model).start()
-    srv.slow_next, srv.slow_s = 1000, 0.6
+    srv.slow_next, srv.slow_s = 1000, 1.0  # 12 requests, 2 at a time: ~6 s, ample time to kill mid-run
     port = srv.port
     args = ["engine=server", f"engine.base_url={srv.url}", "engine.concurrency=2", "engine.max_retries=1",
-            "engine.request_timeout_s=5", "kv=bf16", "baseline=none", "task=aime25", "task.limit=10",
+            "engine.request_timeout_s=5", "kv=bf16", "baseline=none", "task=aime25", "task.limit=12",
             "task.repeats=2", "model.max_model_len=4096", "sampling.max_tokens=64"]
     records_dir = tmp_path / "records" / "aime25"
 
@@ -486,7 +486,7 @@ def test_runner_resumes_after_the_server_dies_mid_run(tmp_path):
     killer.join()
     [path] = list(records_dir.glob("*.jsonl"))
     before = read_records(path)
-    assert 2 <= len(before) < 20
+    assert 2 <= len(before) < 24
     srv2 = FakeOpenAIServer(port=port, model=model).start()
     try:
         s = run_inprocess(tmp_path, args, "second")
@@ -494,6 +494,32 @@ def test_runner_resumes_after_the_server_dies_mid_run(tmp_path):
         srv2.stop()
     after = read_records(path)
     keys = [(r["sample_id"], r["repeat"]) for r in after]
-    assert len(keys) == len(set(keys)) == 20
+    assert len(keys) == len(set(keys)) == 24
     assert after[: len(before)] == before
     assert s["arms"]["bf16"]["requests_sent"] == len({k[0] for k in set(keys) - {(r["sample_id"], r["repeat"]) for r in before}})
+
+
+def test_calibrated_checkpoint_is_what_vllm_loads_and_scale_files_are_refused(tmp_path):
+    from fp8eval.config import KVConfig
+    from fp8eval.engines import vllm_common as vc
+
+    ckpt = tmp_path / "ckpt"
+    ckpt.mkdir()
+    cfg = make_cfg("http://127.0.0.1:9")
+    kv = KVConfig(name="fp8_calibrated", engine_args={"kv_cache_dtype": "fp8"}, scales=str(ckpt))
+    args = vc.merged_engine_args(cfg, kv)
+    assert args["model"] == str(ckpt) and args["kv_cache_dtype"] == "fp8"
+    scales_file = tmp_path / "scales.json"
+    scales_file.write_text("{}")
+    with pytest.raises(EngineError, match="checkpoint"):
+        vc.merged_engine_args(cfg, KVConfig(name="x", engine_args={"kv_cache_dtype": "fp8"}, scales=str(scales_file)))
+
+
+def test_per_head_scales_warn_unless_flash_attention():
+    from fp8eval.config import KVConfig
+    from fp8eval.engines import vllm_common as vc
+
+    per_head = KVConfig(name="fp8_per_head", scale_strategy="attn_head")
+    assert "per_head_scales_backend" in vc.add_per_head_backend_warning({}, per_head, "FLASHINFER")
+    assert vc.add_per_head_backend_warning({}, per_head, "FLASH_ATTN") == {}
+    assert vc.add_per_head_backend_warning({}, KVConfig(name="fp8"), "FLASHINFER") == {}

@@ -68,6 +68,19 @@ def merged_engine_args(cfg, kv) -> dict[str, Any]:
         args["model"] = local
         args.pop("revision", None)  # a local directory has no hub revision
         args.setdefault("tokenizer", local)
+    scales = getattr(kv, "scales", None)
+    if scales:
+        if not Path(scales).is_dir():
+            raise EngineError(
+                f"kv option {kv.name!r} takes its scales from {scales!r}, a file; vLLM reads KV scales only "
+                "from a checkpoint (compressed-tensors k_scale/v_scale next to the weights, as "
+                "`python -m fp8eval.calibrate` writes). Point `kv.scales` at such a checkpoint directory, or "
+                "run this arm with `engine=reference`, which applies a scales file itself."
+            )
+        # vLLM reads k_scale / v_scale from the checkpoint it loads: serve the calibrated checkpoint.
+        args["model"] = str(scales)
+        args.pop("revision", None)
+        args.setdefault("tokenizer", str(scales))
     return {k: v for k, v in args.items() if v is not None}
 
 
@@ -478,3 +491,13 @@ def wait_until(predicate, timeout_s: float, interval_s: float = 0.5, alive=None)
             return False
         time.sleep(interval_s)
     return False
+
+
+def add_per_head_backend_warning(warnings: dict[str, list[str]], kv, backend: str | None) -> dict[str, list[str]]:
+    """Per-head KV scales are honoured only by vLLM's Flash-Attention backend; say so when another runs."""
+    if getattr(kv, "scale_strategy", "tensor") == "attn_head" and "FLASH_ATTN" not in str(backend or "").upper():
+        warnings = dict(warnings)
+        warnings.setdefault("per_head_scales_backend", []).append(
+            f"kv={kv.name} has one scale per KV head, but the attention backend is {backend or 'unknown'}: vLLM "
+            "honours per-head scales only with FLASH_ATTN, so this arm may not run the scales it declares.")
+    return warnings

@@ -51,20 +51,7 @@ class VLLMOfflineEngine:
 
     @staticmethod
     def _engine_args(cfg, kv) -> dict[str, Any]:
-        args = vc.merged_engine_args(cfg, kv)
-        scales = getattr(kv, "scales", None)
-        if scales:
-            if Path(scales).is_dir():
-                # vLLM reads k_scale / v_scale only from a checkpoint: serve that checkpoint.
-                args["model"] = str(scales)
-            else:
-                raise EngineError(
-                    f"kv option {kv.name!r} takes its scales from {scales!r}, a file; vLLM reads KV "
-                    "scales only from a checkpoint (compressed-tensors k_scale/v_scale next to the "
-                    "weights). Point `kv.scales` at such a checkpoint directory, or run this arm with "
-                    "`engine=reference`, which applies a scales file itself."
-                )
-        return args
+        return vc.merged_engine_args(cfg, kv)
 
     def _start(self) -> None:
         vc.precheck_fp8_on_cpu(self.args)
@@ -177,7 +164,8 @@ class VLLMOfflineEngine:
         return out
 
     def startup_warnings(self) -> dict[str, list[str]]:
-        return {k: v for k, v in self.warnings.items() if k != "attention_backend"}
+        out = {k: v for k, v in self.warnings.items() if k != "attention_backend"}
+        return vc.add_per_head_backend_warning(out, self.kv, self.preflight.get("attention_backend"))
 
     def max_model_len(self) -> int:
         return int(self.preflight["max_model_len"])
