@@ -168,14 +168,6 @@ class DatasetSource:
                                                                       "name": Path(self.id).name}
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def resolve_dataset(calib: CalibConfig) -> DatasetSource:
     spec = PRESETS.get(calib.dataset)
     if spec is None:
@@ -190,6 +182,8 @@ def resolve_dataset(calib: CalibConfig) -> DatasetSource:
         path = Path(spec["path"]).resolve()
         if not path.is_file():
             raise CalibrationError(f"calibration data {path} does not exist")
+        from fp8eval.tasks.base import file_sha256
+
         return DatasetSource("file", str(path), sha256=file_sha256(path))
     return DatasetSource("hub", spec["id"], split=calib.split or spec["split"], revision=calib.dataset_revision)
 

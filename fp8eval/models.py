@@ -84,10 +84,3 @@ def _convert_gguf(gguf: Path, target: Path) -> Path:
     os.replace(tmp, target)
     return target
 
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()

@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 from fp8eval.config import KVConfig, RunConfig, SamplingConfig
 from fp8eval.engines import build_engine
-from fp8eval.engines.base import EngineError, Request
+from fp8eval.engines.base import Request
 from fp8eval.reasoning import split_reasoning
 from fp8eval.records import RECORD_SCHEMA, ArmStore, fingerprint_hash
 from fp8eval.seeds import derive_seed

@@ -142,7 +142,7 @@ def test_cli_prints_run_dir_last_and_table(tmp_path):
 
 
 def test_multirun_sweeps_kv(tmp_path):
-    proc = run_cli(tmp_path, ["-m", "kv=bf16,fp8", *FAST, "report=false"])
+    run_cli(tmp_path, ["-m", "kv=bf16,fp8", *FAST, "report=false"])
     runs = list((tmp_path / "outputs" / "multirun").glob("*/*/summary.json"))
     assert len(runs) == 2
     by_kv = {json.loads(p.read_text())["task"] + ":" + ",".join(json.loads(p.read_text())["arms"]) for p in runs}

@@ -7,7 +7,6 @@ bfloat16 matmuls are slow); what differs between arms is only what the KV cache 
 
 from __future__ import annotations
 
-import os
 import time
 from importlib import metadata
 from typing import Iterable, Iterator

@@ -21,7 +21,6 @@ import queue
 import random
 import re
 import socket
-import sys
 import threading
 import time
 from typing import Any, Iterable, Iterator
@@ -210,8 +209,8 @@ class ServerEngine:
             problems = vc.kv_mismatches(self.requested_kv, effective)
         else:
             pre["cache_config"] = None
-            problems = [f"the server publishes no vllm:cache_config_info on /metrics, so its KV cache "
-                        f"dtype cannot be checked"]
+            problems = ["the server publishes no vllm:cache_config_info on /metrics, so its KV cache "
+                        "dtype cannot be checked"]
         if self.managed:
             backend = vc.attention_backend_from_log(self.warnings)
             if backend is None and vc.runs_on_cpu(self.args):

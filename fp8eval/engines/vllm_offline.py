@@ -18,7 +18,6 @@ import sys
 import threading
 import time
 import traceback
-from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 from fp8eval.engines.base import Choice, Completion, EngineError, Request

@@ -40,11 +40,8 @@ class AimeTask(Task):
     def samples(self) -> Sequence[Sample]:
         from fp8eval.tasks import reasoning_data as rd
 
-        cfg = self.cfg
-        rows = (rd.load_local(cfg.data_files) if cfg.data_files
-                else rd.load_hub(self.name, cfg.dataset, cfg.dataset_config, cfg.split, cfg.revision))
         out = []
-        for i, row in enumerate(rows):
+        for i, row in enumerate(rd.task_rows(self)):
             problem = rd.first(row, "problem", "question", "Problem", "Question")
             answer = rd.first(row, "answer", "Answer")
             if problem is None or answer is None:
@@ -52,15 +49,12 @@ class AimeTask(Task):
             sid = str(rd.first(row, "id", "ID", "unique_id", default=i))
             groups = (f"contest={row['contest']}",) if row.get("contest") else ()
             out.append(Sample(id=sid, data={"problem": problem, "answer": int(str(answer).strip())}, groups=groups))
-        if len({s.id for s in out}) != len(out):
-            raise ValueError(f"{self.name}: duplicate sample ids in the data")
-        return out[: cfg.limit] if cfg.limit else out
+        return rd.finish_samples(self.name, out, self.cfg.limit)
 
     def prompt(self, sample: Sample, repeat: int) -> Prompt:
         from fp8eval.tasks import reasoning_data as rd
 
-        text = rd.render(rd.read_template(self.name), problem=sample.data["problem"])
-        return Prompt(messages=({"role": "user", "content": text},))
+        return rd.user_prompt(self.name, problem=sample.data["problem"])
 
     def score(self, sample: Sample, completion: str, repeat: int = 0) -> Score:
         from fp8eval.scoring.math import score_aime

@@ -38,11 +38,8 @@ class GpqaTask(Task):
     def samples(self) -> Sequence[Sample]:
         from fp8eval.tasks import reasoning_data as rd
 
-        cfg = self.cfg
-        rows = (rd.load_local(cfg.data_files) if cfg.data_files
-                else rd.load_hub(self.name, cfg.dataset, cfg.dataset_config, cfg.split, cfg.revision))
         out = []
-        for i, row in enumerate(rows):
+        for i, row in enumerate(rd.task_rows(self)):
             missing = [c for c in _COLUMNS + ("Record ID",) if not row.get(c)]
             if missing:
                 raise ValueError(f"gpqa_diamond: row {i} lacks columns {missing}")
@@ -53,9 +50,7 @@ class GpqaTask(Task):
                 data={"question": str(row["Question"]).strip(), "options": options},
                 groups=(f"domain={domain}",) if domain else (),
             ))
-        if len({s.id for s in out}) != len(out):
-            raise ValueError("gpqa_diamond: duplicate Record IDs in the data")
-        return out[: cfg.limit] if cfg.limit else out
+        return rd.finish_samples(self.name, out, self.cfg.limit)
 
     def _order(self, sample: Sample, repeat: int) -> list[int]:
         from fp8eval.scoring.mcq import choice_order
@@ -66,9 +61,8 @@ class GpqaTask(Task):
         from fp8eval.tasks import reasoning_data as rd
 
         shown = [sample.data["options"][j] for j in self._order(sample, repeat)]
-        text = rd.render(rd.read_template(self.name), question=sample.data["question"],
-                         A=shown[0], B=shown[1], C=shown[2], D=shown[3])
-        return Prompt(messages=({"role": "user", "content": text},))
+        return rd.user_prompt(self.name, question=sample.data["question"],
+                              A=shown[0], B=shown[1], C=shown[2], D=shown[3])
 
     def score(self, sample: Sample, completion: str, repeat: int | None = None) -> Score:
         from fp8eval.scoring.mcq import correct_letter, score_mcq

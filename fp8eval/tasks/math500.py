@@ -31,11 +31,8 @@ class Math500Task(Task):
     def samples(self) -> Sequence[Sample]:
         from fp8eval.tasks import reasoning_data as rd
 
-        cfg = self.cfg
-        rows = (rd.load_local(cfg.data_files) if cfg.data_files
-                else rd.load_hub(self.name, cfg.dataset, cfg.dataset_config, cfg.split, cfg.revision))
         out = []
-        for i, row in enumerate(rows):
+        for i, row in enumerate(rd.task_rows(self)):
             answer = row.get("answer")
             if answer is None:
                 from fp8eval.scoring.math import last_boxed
@@ -50,15 +47,12 @@ class Math500Task(Task):
                 groups.append(f"level={row['level']}")
             sid = str(rd.first(row, "unique_id", "id", default=i))
             out.append(Sample(id=sid, data={"problem": row["problem"], "answer": str(answer)}, groups=tuple(groups)))
-        if len({s.id for s in out}) != len(out):
-            raise ValueError("math500: duplicate sample ids in the data")
-        return out[: cfg.limit] if cfg.limit else out
+        return rd.finish_samples(self.name, out, self.cfg.limit)
 
     def prompt(self, sample: Sample, repeat: int) -> Prompt:
         from fp8eval.tasks import reasoning_data as rd
 
-        text = rd.render(rd.read_template(self.name), problem=sample.data["problem"])
-        return Prompt(messages=({"role": "user", "content": text},))
+        return rd.user_prompt(self.name, problem=sample.data["problem"])
 
     def score(self, sample: Sample, completion: str, repeat: int = 0) -> Score:
         from fp8eval.scoring.math import score_math

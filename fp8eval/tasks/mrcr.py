@@ -175,7 +175,6 @@ class MrcrTask(Task):
     def samples(self) -> list[Sample]:
         if self._samples is not None:
             return self._samples
-        from fp8eval.metrics import MRCR_LABELS
         from fp8eval.mrcr_data import RowReader, load_or_build_manifest
 
         cfg = self.cfg

@@ -129,3 +129,25 @@ def data_files_hash(data_files: Sequence[str] | None) -> dict[str, str] | None:
     if not data_files:
         return None
     return {name: file_sha256(resolve(name)) for name in data_files}
+
+
+def task_rows(task) -> list[dict[str, Any]]:
+    """The task's rows: its local `data_files` when given, else its hub dataset."""
+    cfg = task.cfg
+    if cfg.data_files:
+        return load_local(cfg.data_files)
+    return load_hub(task.name, cfg.dataset, cfg.dataset_config, cfg.split, cfg.revision)
+
+
+def finish_samples(name: str, samples: list, limit: int | None) -> list:
+    """Sample ids key the records: a duplicate would merge two problems' results."""
+    if len({s.id for s in samples}) != len(samples):
+        raise ValueError(f"{name}: duplicate sample ids in the data")
+    return samples[:limit] if limit else samples
+
+
+def user_prompt(task: str, **fields: str):
+    """A one-message chat prompt from the task's `prompt.txt`."""
+    from fp8eval.tasks.base import Prompt
+
+    return Prompt(messages=({"role": "user", "content": render(read_template(task), **fields)},))
