@@ -501,3 +501,9 @@ def add_per_head_backend_warning(warnings: dict[str, list[str]], kv, backend: st
             f"kv={kv.name} has one scale per KV head, but the attention backend is {backend or 'unknown'}: vLLM "
             "honours per-head scales only with FLASH_ATTN, so this arm may not run the scales it declares.")
     return warnings
+
+
+def arm_warnings(found: dict[str, list[str]], kv, preflight: dict) -> dict[str, list[str]]:
+    """The start-up warnings worth a line in the summary (the backend line is preflight data, not a warning)."""
+    out = {k: v for k, v in found.items() if k != "attention_backend"}
+    return add_per_head_backend_warning(out, kv, preflight.get("attention_backend"))

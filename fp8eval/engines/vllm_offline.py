@@ -163,8 +163,7 @@ class VLLMOfflineEngine:
         return out
 
     def startup_warnings(self) -> dict[str, list[str]]:
-        out = {k: v for k, v in self.warnings.items() if k != "attention_backend"}
-        return vc.add_per_head_backend_warning(out, self.kv, self.preflight.get("attention_backend"))
+        return vc.arm_warnings(self.warnings, self.kv, self.preflight)
 
     def max_model_len(self) -> int:
         return int(self.preflight["max_model_len"])
