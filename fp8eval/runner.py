@@ -24,6 +24,7 @@ from fp8eval.scoring.pool import Scorer, auto_workers
 from fp8eval.summary import DONE_STATUSES, arm_summary, paired_recovery, select
 from fp8eval.tasks import task_class
 from fp8eval.tasks.base import PROJECT_ROOT, Prompt, Sample, SkipSample, Task, TaskContext
+from fp8eval.token_counts import TokenCountCache
 
 CONF_DIR = PROJECT_ROOT / "conf"
 
@@ -138,13 +139,22 @@ class Runner:
 
     def _token_counter(self, engine):
         """Prompt tokens under the engine's template, counted once per distinct prompt (a 1M-token MRCR
-        row is tokenised once even though the task and the length budget both ask)."""
+        row is tokenised once even though the task and the length budget both ask) and, where the engine
+        names its tokenizer, kept on disk so a rerun plans without loading it."""
         counts: dict[str, int] = {}
+        key = getattr(engine, "token_count_key", None)
+        disk = TokenCountCache(self.records_root, {"tokenizer": key(), "chat_template_kwargs": dict(
+            self.cfg.model.chat_template_kwargs)}) if key is not None else None
 
         def count(prompt: Prompt) -> int:
             h = prompt.hash()
             if h not in counts:
-                counts[h] = engine.count_prompt_tokens(self._request("count", prompt, 1, [0]))
+                n = disk.get(h) if disk is not None else None
+                if n is None:
+                    n = engine.count_prompt_tokens(self._request("count", prompt, 1, [0]))
+                    if disk is not None:
+                        disk.put(h, n)
+                counts[h] = n
             return counts[h]
 
         return count
@@ -228,6 +238,9 @@ class Runner:
         summary = arm_summary(records)
         summary.update({"records": str(store.path), "fingerprint": fp, "requests_sent": sent,
                         "kv_name": kv.name, "engine": material["engine"].get("kind")})
+        stats = engine.prefill_stats() if sent and hasattr(engine, "prefill_stats") else None
+        if stats:  # this invocation's prefill work, from the engine's own counters
+            summary["engine_prefill"] = stats
         summary.update(task.summarize(summary, records))
         return summary
 

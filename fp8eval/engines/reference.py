@@ -86,10 +86,23 @@ class ReferenceEngine:
             "engine_args": dict(e.engine_args),
         }
 
+    def token_count_key(self) -> dict:
+        """What a prompt's token count depends on: the tokenizer files and the code applying them."""
+        m = self.cfg.model
+        return {"hf_id": m.hf_id, "revision": m.revision, "embedded_package": m.embedded_package,
+                "embedded_version": _version(m.embedded_package.replace("_", "-")) if m.embedded_package else None,
+                "gguf_file": m.gguf_file, "chat_template": m.chat_template,
+                "versions": {p: _version(p) for p in ("transformers", "tokenizers", "gguf")}}
+
+    def prefill_stats(self) -> dict:
+        return {"computed_prefill_tokens": int(self.computed_prefill_tokens)}
+
     def _device_name(self) -> str:
         dev = self.cfg.engine.device
         if dev != "auto":
             return dev
+        if "+cpu" in (_version("torch") or ""):
+            return "cpu"  # a CPU-only build: no need to import torch (~3 s) to learn that
         import torch
 
         return "cuda" if torch.cuda.is_available() else "cpu"
