@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
 from fp8eval.config import TaskConfig
+from fp8eval.filehash import file_sha256  # noqa: F401 - the tasks' way to name their data by content
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 TASK_DATA_ROOT = PROJECT_ROOT / "tasks"
@@ -116,8 +117,6 @@ class Task:
 
 
 def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    from fp8eval.filehash import file_sha256 as memoised
+
+    return memoised(path)
