@@ -32,6 +32,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="bootstrap seed (default 0)")
     p.add_argument("--skip-mismatched", action="store_true",
                    help="leave out (and list) pairs whose prompts or task versions differ instead of stopping")
+    p.add_argument("--no-cache", action="store_true",
+                   help="rebuild even when the inputs are unchanged since the report was last written")
     return p
 
 
@@ -44,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         out = write_report(args.paths, args.out, n_boot=args.n_boot, level=args.level, seed=args.seed,
                            strict=not args.skip_mismatched, gate=args.gate, unsure_margin=args.unsure_margin,
-                           sign_alpha=args.sign_alpha, right_at=args.right_at, z=args.z)
+                           sign_alpha=args.sign_alpha, right_at=args.right_at, z=args.z,
+                           cache=not args.no_cache)
     except (PairingError, ReportInputError) as e:
         print(f"fp8eval.report: {e}", file=sys.stderr)
         return 2
