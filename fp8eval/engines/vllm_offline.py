@@ -44,6 +44,8 @@ class VLLMOfflineEngine:
         self._child: vc.ChildProcess | None = None
         self._proto = None
         self._lock = threading.Lock()
+        # vLLM's own counters summed over this arm's batches (None once a batch came without them).
+        self._prefill: dict[str, float] | None = {}
         self._start()
 
     # -- construction ------------------------------------------------------------------------------
@@ -168,6 +170,16 @@ class VLLMOfflineEngine:
     def max_model_len(self) -> int:
         return int(self.preflight["max_model_len"])
 
+    def _add_stats(self, stats: dict | None) -> None:
+        if stats is None:
+            self._prefill = None
+        elif self._prefill is not None:
+            for key, value in stats.items():
+                self._prefill[key] = self._prefill.get(key, 0.0) + value
+
+    def prefill_stats(self) -> dict | None:
+        return vc.prefill_stats(self._prefill)
+
     def count_prompt_tokens(self, request: Request) -> int:
         with self._lock:
             self._send({"op": "count", "request": _request_json(request)})
@@ -191,9 +203,14 @@ class VLLMOfflineEngine:
                 if op == "completion":
                     yield _completion_from_json(msg["completion"])
                 elif op == "done":
+                    self._add_stats(msg.get("stats"))
                     return
                 elif op == "error":
-                    raise EngineError(f"vLLM failed while generating: {msg.get('type')}: {msg.get('message')}. "
+                    detail = f"{msg.get('type')}: {msg.get('message')}"
+                    cause = vc.root_cause_line(self._child.log_text()) if self._child else ""
+                    if cause and cause not in detail:
+                        detail += f" (root cause in the log: {cause})"
+                    raise EngineError(f"vLLM failed while generating: {detail}. {vc.known_failure_hint(cause)}"
                                       f"Log: {self.log_path}. Records written so far are kept; rerun to resume.")
 
     def close(self) -> None:
@@ -251,7 +268,10 @@ class _Worker:
     def start(self, engine_args: dict) -> None:
         from vllm import LLM
 
-        self.llm = LLM(**engine_args)
+        # Stats on (unless the arm says otherwise): the prefix-cache counters are the only exact
+        # measure of prefill work when n > 1 (each of the n child requests reports its own cache hits,
+        # and the merged output keeps one child's). Not an engine arg of the arm: it changes no number.
+        self.llm = LLM(**{"disable_log_stats": False, **engine_args})
         self.tokenizer = self.llm.get_tokenizer()
         # The model's generation_config values (what `vllm serve` applies to fields a request leaves
         # unset); vLLM's neutral defaults apply to the rest.
@@ -323,10 +343,24 @@ class _Worker:
         out["generation_defaults"] = dict(sorted(self.defaults.items()))
         return out
 
+    def counters(self) -> dict[str, float] | None:
+        """vLLM's prompt-token and prefix-cache-hit counters (summed over engines), None with stats off."""
+        try:
+            metrics = self.llm.get_metrics()
+        except Exception:  # noqa: BLE001 - stats disabled by the arm, or an older vLLM
+            return None
+        totals = {"prompt_tokens": 0.0, "prefix_cache_hits": 0.0, "prefix_cache_queries": 0.0}
+        for m in metrics:
+            name = m.name.removeprefix("vllm:").removesuffix("_total")
+            if name in totals and hasattr(m, "value"):
+                totals[name] += float(m.value)
+        return totals
+
     def run(self, queue: list[dict]) -> None:
         from vllm.inputs import TokensPrompt
 
         engine = self.llm.llm_engine
+        before = self.counters()
         started: dict[str, float] = {}
         for req in queue:
             ids = self.prompt_ids(req)
@@ -349,7 +383,9 @@ class _Worker:
                     "latency_s": round(time.monotonic() - started.get(out.request_id, time.monotonic()), 4),
                     "extra": {"computed_prompt_tokens": prompt_tokens - cached if cached is not None else None},
                 }})
-        self.send({"op": "done"})
+        after = self.counters()
+        stats = {k: after[k] - before[k] for k in after} if before and after else None
+        self.send({"op": "done", "stats": stats})
 
 
 def _finish_reason(reason) -> str:
