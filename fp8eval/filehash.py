@@ -62,9 +62,11 @@ def file_sha256(path: Path | str) -> str:
     memo = _load()
     if key not in memo:
         digest = _hash(path)
-        if time.time() - st.st_mtime < RACY_S:
-            # Written moments ago: a same-size rewrite within the clock's granularity would keep this
-            # key (git's "racily clean" case), so such a file is hashed again next time.
+        after = os.stat(path)
+        if (after.st_size, after.st_mtime_ns, after.st_ino) != (st.st_size, st.st_mtime_ns, st.st_ino) \
+                or time.time() - after.st_mtime < RACY_S:
+            # Changed while being read, or written moments ago: a same-size rewrite within the clock's
+            # granularity would keep this key (git's "racily clean" case). Hashed again next time.
             return digest
         memo[key] = digest
         try:
