@@ -7,20 +7,17 @@ Default data: the copies in tasks/aime25 and tasks/aime24 (see their PROVENANCE.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
-from fp8eval.config import TaskConfig
+from fp8eval.tasks.reasoning_data import HubTaskConfig
 from fp8eval.tasks.base import Prompt, Sample, Score, Task
 
 
 @dataclass
-class AimeConfig(TaskConfig):
+class AimeConfig(HubTaskConfig):
     name: str = "aime25"
     repeats: int = 10
     dataset: str = "math-ai/aime25"
-    dataset_config: Optional[str] = None
-    split: str = "test"
-    revision: Optional[str] = None
     timeout_s: float = 5.0  # per-item limit for the math-verify fallback
 
 

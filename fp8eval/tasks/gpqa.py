@@ -13,20 +13,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from fp8eval.config import TaskConfig
+from fp8eval.tasks.reasoning_data import HubTaskConfig
 from fp8eval.tasks.base import Prompt, Sample, Score, Task
 
 _COLUMNS = ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
 
 
 @dataclass
-class GpqaConfig(TaskConfig):
+class GpqaConfig(HubTaskConfig):
     name: str = "gpqa_diamond"
     repeats: int = 5
     dataset: str = "Idavidrein/gpqa"
     dataset_config: Optional[str] = "gpqa_diamond"
     split: str = "train"
-    revision: Optional[str] = None
 
 
 class GpqaTask(Task):

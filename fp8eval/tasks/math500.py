@@ -4,20 +4,17 @@ subject and per level. Default data: tasks/math500/test.jsonl (see its PROVENANC
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any, Sequence
 
-from fp8eval.config import TaskConfig
+from fp8eval.tasks.reasoning_data import HubTaskConfig
 from fp8eval.tasks.base import Prompt, Sample, Score, Task
 
 
 @dataclass
-class Math500Config(TaskConfig):
+class Math500Config(HubTaskConfig):
     name: str = "math500"
     repeats: int = 5
     dataset: str = "HuggingFaceH4/MATH-500"
-    dataset_config: Optional[str] = None
-    split: str = "test"
-    revision: Optional[str] = None
     timeout_s: float = 5.0  # per-item limit for math-verify parsing and comparison
 
 

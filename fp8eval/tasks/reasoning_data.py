@@ -8,10 +8,24 @@ from fp8eval.errors import Fp8evalError
 import csv
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
+from omegaconf import MISSING
+
+from fp8eval.config import TaskConfig
 from fp8eval.tasks.base import PROJECT_ROOT, TASK_DATA_ROOT, file_sha256
+
+
+@dataclass
+class HubTaskConfig(TaskConfig):
+    """A task whose rows come from a hub dataset split (`datasets.load_dataset`) unless `data_files` is set."""
+
+    dataset: str = MISSING
+    dataset_config: Optional[str] = None
+    split: str = "test"
+    revision: Optional[str] = None
 
 
 class DataUnavailable(Fp8evalError):
