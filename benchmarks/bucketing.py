@@ -81,8 +81,10 @@ def main() -> None:
             subprocess.run(base[:2] + ["generate"] + base[2:], check=True)
         for old in manifests.glob("mrcr-*.json"):
             old.unlink()
-        subprocess.run(base[:2] + ["bucket"] + base[2:], check=True)  # builds
-        subprocess.run(base[:2] + ["bucket"] + base[2:], check=True)  # cached
+        for run in ("first (builds)", "second (cached)"):
+            t0 = time.perf_counter()
+            subprocess.run(base[:2] + ["bucket"] + base[2:], check=True)
+            print(json.dumps({"phase": f"bucket process, {run}", "wall_s": round(time.perf_counter() - t0, 2)}))
 
 
 if __name__ == "__main__":

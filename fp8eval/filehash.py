@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 SMALL = 1 << 20
-RACY_S = 2.0
+RACY_S = 1.0  # well above the timestamp granularity of Linux file systems (a clock tick)
 _memo: dict[str, str] | None = None
 
 
