@@ -76,6 +76,7 @@ class FakeOpenAIServer:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
+            disable_nagle_algorithm = True  # else each response's body waits 40 ms for a delayed ACK
 
             def log_message(self, *args):  # keep test output clean
                 pass
