@@ -2,6 +2,7 @@
 
     PYTHONPATH=$PWD python benchmarks/run_all.py --out benchmarks/results.json
     PYTHONPATH=$PWD python benchmarks/run_all.py --skip bucketing vllm   # leave the slow ones out
+    ... --lm-eval-python /venvs/lmeval/bin/python --lighteval-python /venvs/lighteval/bin/python  # peers
 
 Each benchmark runs as its own process (its own JSON lines are kept verbatim in --out); this script only
 collects them and describes the machine (cores, CPU model, memory, load average before and after each
@@ -129,6 +130,8 @@ def main() -> None:
     ap.add_argument("--skip", nargs="*", default=[],
                     choices=["overhead", "prefill", "vllm", "concurrency", "bucketing", "rerun"])
     ap.add_argument("--table-only", action="store_true", help="print the table of an existing --out file")
+    ap.add_argument("--lm-eval-python", default=None, help="a Python with lm-eval 0.4.13 (benchmarks/peers/README.md)")
+    ap.add_argument("--lighteval-python", default=None, help="a Python with lighteval 0.13.0")
     args = ap.parse_args()
     if args.table_only:
         print(table(json.loads(args.out.read_text())["results"]))
@@ -136,7 +139,9 @@ def main() -> None:
     args.workdir.mkdir(parents=True, exist_ok=True)
     plan = []
     if "overhead" not in args.skip:
-        plan.append(("overhead", ["benchmarks/harness_overhead.py"], 1800))
+        peers = [a for flag, py in (("--lm-eval-python", args.lm_eval_python),
+                                    ("--lighteval-python", args.lighteval_python)) if py for a in (flag, py)]
+        plan.append(("overhead", ["benchmarks/harness_overhead.py", *peers], 3600))
     if "prefill" not in args.skip:
         plan.append(("prefill_reference", ["benchmarks/prefill.py", "--engine", "reference"], 1800))
     if "vllm" not in args.skip and os.environ.get("FP8EVAL_VLLM_PYTHON"):
