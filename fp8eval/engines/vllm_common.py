@@ -33,7 +33,8 @@ def vllm_python() -> str:
 
 def log_dir(cfg) -> Path:
     """Where vLLM's own log goes: `engine.log_dir` if the config has one, else the Hydra run directory
-    (the one that gets summary.json), else the working directory."""
+    (the one that gets summary.json), else `$FP8EVAL_CACHE/logs` (used outside the CLI: benchmarks,
+    tests, notebooks; the working directory would collect stray logs)."""
     configured = getattr(cfg.engine, "log_dir", None)
     if configured:
         return Path(configured)
@@ -44,7 +45,9 @@ def log_dir(cfg) -> Path:
             return Path(HydraConfig.get().runtime.output_dir)
     except Exception:
         pass
-    return Path.cwd()
+    from fp8eval.models import cache_root
+
+    return cache_root() / "logs"
 
 
 # ---------------------------------------------------------------------------------------------------
