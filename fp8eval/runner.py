@@ -200,13 +200,21 @@ class Runner:
         store.append([self._record(fp, kv, task, it, None, None) for it in skipped])
         to_send = [it for it in pending if it.prompt is not None and not it.skip_reason]
 
-        # One request per distinct prompt of a sample: all its missing repeats share one prefill.
-        groups: dict[tuple[str, str], list[PlannedItem]] = {}
-        for it in to_send:
-            groups.setdefault((it.sample.id, it.prompt_hash), []).append(it)
+        # One request per distinct prompt of a sample and run of consecutive missing repeats: they share
+        # one prefill, and vLLM seeds an n-request's children seed, seed+1, ..., which are exactly those
+        # repeats' seeds (fp8eval.seeds) only when the repeats are consecutive.
+        groups: list[list[PlannedItem]] = []
+        for it in sorted(to_send, key=lambda i: (i.sample.id, i.prompt_hash, i.repeat)):
+            last = groups[-1][-1] if groups else None
+            if last is not None and (last.sample.id, last.prompt_hash, last.repeat + 1) == (
+                    it.sample.id, it.prompt_hash, it.repeat):
+                groups[-1].append(it)
+            else:
+                groups.append([it])
         requests: list[Request] = []
         by_id: dict[str, list[PlannedItem]] = {}
-        for (sid, phash), its in groups.items():
+        for its in groups:
+            sid, phash = its[0].sample.id, its[0].prompt_hash
             rid = f"{sid}|{phash[:12]}|{','.join(str(i.repeat) for i in its)}"
             seeds = [derive_seed(sid, i.repeat, self.cfg.seed) for i in its]
             requests.append(self._request(rid, its[0].prompt, len(its), seeds))

@@ -14,9 +14,18 @@ def _digest(*parts: object) -> bytes:
     return hashlib.sha256(text.encode("utf-8")).digest()
 
 
+MAX_REPEATS = 1 << 20
+_SEED_SPAN = (1 << 31) - MAX_REPEATS
+
+
 def derive_seed(sample_id: str, repeat: int, base_seed: int) -> int:
-    """A 31-bit seed (vLLM and torch accept it everywhere)."""
-    return int.from_bytes(_digest("seed", base_seed, sample_id, repeat)[:8], "big") & 0x7FFFFFFF
+    """A 31-bit seed (vLLM and torch accept it everywhere): the sample's sha256-derived seed plus the
+    repeat index. Consecutive on purpose: vLLM turns a request with `n` and `seed=s` into child requests
+    seeded s, s+1, ..., s+n-1, so a request for repeats r..r+n-1 seeded with repeat r's seed gives every
+    repeat exactly the seed its record states, however the runner grouped the missing repeats."""
+    if not 0 <= repeat < MAX_REPEATS:
+        raise ValueError(f"repeat {repeat} outside [0, {MAX_REPEATS})")
+    return int.from_bytes(_digest("seed", base_seed, sample_id)[:8], "big") % _SEED_SPAN + repeat
 
 
 def permutation(n: int, *key: object) -> list[int]:

@@ -199,3 +199,32 @@ def test_suite_runs_each_task_in_its_own_subdirectory(tmp_path):
     assert aime["arms"]["fp8"]["score"] == 0.5  # 70 is the answer to the first 2025 problem only
     assert (run_dir / "math500" / ".hydra" / "config.yaml").exists()
     assert (run_dir / "report" / "recovery.csv").exists()
+
+
+def vllm_child_seed(request, index: int) -> str:
+    """A fake engine script answering with the seed vLLM gives the index-th child of an n-request."""
+    return f"seed {request.seeds[0] + index}"
+
+
+def test_every_repeat_is_sampled_with_the_seed_its_record_states(tmp_path):
+    from fp8eval.seeds import derive_seed
+
+    overrides = FAST + ["baseline=none", "engine.script=test_runner:vllm_child_seed", "task.repeats=4"]
+    first = run_inprocess(tmp_path, overrides, "a")
+    path = Path(first["arms"]["fp8"]["records"])
+    records = read_records(path)
+    assert all(r["completion"] == f"seed {r['seed']}" for r in records)
+    assert all(r["seed"] == derive_seed(r["sample_id"], r["repeat"], first["seed"]) for r in records)
+    # Lose repeat 1 of every sample: repeats 0, 2, 3 remain, so the rerun must not send repeat 1 inside a
+    # request seeded for another repeat.
+    kept = [r for r in records if r["repeat"] != 1]
+    path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+    again = run_inprocess(tmp_path, overrides, "b")
+    assert again["arms"]["fp8"]["requests_sent"] == first["arms"]["fp8"]["n_samples"]
+    assert all(r["completion"] == f"seed {r['seed']}" for r in read_records(path))
+    # Lose repeats 1 and 3: two requests per sample (1 and 3 are not consecutive).
+    records = read_records(path)
+    path.write_text("".join(json.dumps(r) + "\n" for r in records if r["repeat"] in (0, 2)))
+    third = run_inprocess(tmp_path, overrides, "c")
+    assert third["arms"]["fp8"]["requests_sent"] == 2 * first["arms"]["fp8"]["n_samples"]
+    assert all(r["completion"] == f"seed {r['seed']}" for r in read_records(path))
