@@ -20,7 +20,13 @@ class ModelUnavailable(RuntimeError):
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("FP8EVAL_CACHE", Path.home() / ".cache" / "fp8eval"))
+    """Every cache of fp8eval (converted models, calibrations, MRCR manifests, o200k, reports, file
+    hashes, vLLM logs outside the CLI): `$FP8EVAL_CACHE`, else `$XDG_CACHE_HOME/fp8eval`, else
+    `~/.cache/fp8eval`."""
+    if os.environ.get("FP8EVAL_CACHE"):
+        return Path(os.environ["FP8EVAL_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "fp8eval"
 
 
 def embedded_gguf_path(model: ModelConfig) -> Path:

@@ -24,8 +24,9 @@ _LOCK = threading.Lock()
 
 
 def cache_dir() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "fp8eval" / "tiktoken"
+    from fp8eval.models import cache_root
+
+    return cache_root() / "tiktoken"
 
 
 def _bundled_ranks_gz() -> Path | None:

@@ -44,15 +44,16 @@ class MrcrConfig(TaskConfig):
     # being tokenised by the model (a 5 MB row through a 128k model's tokenizer is minutes of work
     # for a certain skip); 0 counts every row exactly.
     o200k_prefilter: float = 4.0
-    manifest_dir: Optional[str] = None  # default ~/.cache/fp8eval/mrcr
+    manifest_dir: Optional[str] = None  # default $FP8EVAL_CACHE/mrcr (~/.cache/fp8eval/mrcr)
     workers: Optional[int] = None  # bucketing processes; default all cores
     # limit (inherited): rows kept per (needle count, bin), the first in file order, so every bin
     # stays represented in a short run
 
 
 def _cache_root() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "fp8eval" / "mrcr"
+    from fp8eval.models import cache_root
+
+    return cache_root() / "mrcr"
 
 
 def _check_config(cfg: MrcrConfig) -> None:
