@@ -133,9 +133,11 @@ def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
 
     from fp8eval.calibrate import register_resolvers
+    from fp8eval.rundir import register_resolver
     from fp8eval.tasks import task_config_classes
 
     register_resolvers()  # ${calibrated:<strategy>} in conf/kv/fp8_calibrated.yaml, fp8_per_head.yaml
+    register_resolver()  # ${fp8eval_unique_dir:...} in hydra.run.dir
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     # Schemas live in their own group so `--help` lists only real options under model/, kv/, ...;

@@ -18,10 +18,10 @@ from fp8eval.config import KVConfig, RunConfig, SamplingConfig
 from fp8eval.engines import build_engine
 from fp8eval.engines.base import Request
 from fp8eval.reasoning import split_reasoning
-from fp8eval.records import RECORD_SCHEMA, ArmStore, fingerprint_hash
+from fp8eval.records import RECORD_SCHEMA, ArmRecords, ArmStore, fingerprint_hash
 from fp8eval.seeds import derive_seed
 from fp8eval.scoring.pool import Scorer, auto_workers
-from fp8eval.summary import DONE_STATUSES, arm_summary, paired_recovery, select
+from fp8eval.summary import arm_summary, paired_recovery
 from fp8eval.tasks import task_class
 from fp8eval.tasks.base import PROJECT_ROOT, Prompt, Sample, SkipSample, Task, TaskContext
 from fp8eval.token_counts import TokenCountCache
@@ -96,6 +96,8 @@ class Runner:
         if not self.records_root.is_absolute():
             self.records_root = Path.cwd() / self.records_root
         self.shared: dict = {}
+        self.views: dict[str, ArmRecords] = {}  # kv name -> the arm's valid records (fp8eval.records.read_arm)
+        self.claim_poll_s = 2.0  # how often to look again while another process holds claims
 
     # --- arms -------------------------------------------------------------------------------------------
     def arms(self) -> list[tuple[str, KVConfig, str]]:
@@ -189,15 +191,61 @@ class Runner:
         material = self.fingerprint_material(task, engine, kv)
         fp = fingerprint_hash(material)
         store = ArmStore(self.records_root, task.name, fp, material).open()
-        existing = store.records()
-        current = {(it.sample.id, it.repeat): it for it in items}
-        done = {(r["sample_id"], r["repeat"]) for r in existing
-                if r["status"] in DONE_STATUSES and (r["sample_id"], r["repeat"]) in current
-                and (r["prompt_hash"] == current[(r["sample_id"], r["repeat"])].prompt_hash
-                     or r["status"] == "skipped")}
-        pending = [it for it in items if (it.sample.id, it.repeat) not in done]
+        try:
+            sent, view = self._fill_arm(store, fp, task, engine, kv, items)
+        finally:
+            store.close()
+        self.views[kv.name] = view
+        if view.problems:
+            first = view.problems[0]
+            print(f"warning: {len(view.problems)} line(s) of kv={kv.name}'s records set aside, not counted "
+                  f"(first: {first}); `python -m fp8eval.records check {store.path}` lists them",
+                  file=sys.stderr)
+        summary = arm_summary(view.records)
+        summary.update({"records": str(store.path), "fingerprint": fp, "requests_sent": sent,
+                        "n_ignored": view.ignored, "kv_name": kv.name,
+                        "engine": material["engine"].get("kind")})
+        stats = engine.prefill_stats() if sent and hasattr(engine, "prefill_stats") else None
+        if stats:  # this invocation's prefill work, from the engine's own counters
+            summary["engine_prefill"] = stats
+        summary.update(task.summarize(summary, view.records))
+        return summary
+
+    def _fill_arm(self, store: ArmStore, fp: str, task: Task, engine, kv: KVConfig,
+                  items: list[PlannedItem]) -> tuple[int, ArmRecords]:
+        """Do every planned (sample, repeat) that has no done record, exactly once across all writers of
+        the arm: claim what is free, re-read (a claim may have been finished and released meanwhile), do
+        it; wait while other live writers hold claims, taking over those of writers that died. A pair
+        that comes back as an error is not retried within this invocation (the next one retries it)."""
+        expected = {(it.sample.id, it.repeat): it.prompt_hash for it in items}
+        attempted: set[tuple[str, int]] = set()
+        sent, waited_since = 0, None
+        while True:
+            done = store.read(expected).done_keys()
+            pending = [it for it in items if (it.sample.id, it.repeat) not in done | attempted]
+            if not pending:
+                break
+            got = set(store.claim([(it.sample.id, it.repeat) for it in pending]))
+            if got:
+                done = store.read(expected).done_keys()
+                store.release(got & done)
+                mine = [it for it in pending if (it.sample.id, it.repeat) in got - done]
+                attempted |= {(it.sample.id, it.repeat) for it in mine}
+                sent += self._do_items(store, fp, task, engine, kv, mine)
+                continue
+            if waited_since is None:
+                waited_since = time.monotonic()
+                print(f"note: {len(pending)} (sample, repeat) pairs of kv={kv.name} are being done by another "
+                      "fp8eval process; waiting for them (a dead process's claims are taken over)",
+                      file=sys.stderr)
+            time.sleep(self.claim_poll_s)
+        return sent, store.read(expected)
+
+    def _do_items(self, store: ArmStore, fp: str, task: Task, engine, kv: KVConfig,
+                  pending: list[PlannedItem]) -> int:
+        """Record the skipped items and send the rest; returns the number of requests sent."""
         skipped = [it for it in pending if it.prompt is None or it.skip_reason]
-        store.append([self._record(fp, kv, task, it, None, None) for it in skipped])
+        self._write(store, [self._record(fp, kv, task, it, None, None) for it in skipped])
         to_send = [it for it in pending if it.prompt is not None and not it.skip_reason]
 
         # One request per distinct prompt of a sample and run of consecutive missing repeats: they share
@@ -232,6 +280,9 @@ class Runner:
                 for comp in engine.generate(requests):
                     sent += 1
                     its = by_id[comp.request_id]
+                    if len(comp.choices) != len(its):  # an engine must answer every sequence (or error it)
+                        raise RunError(f"engine returned {len(comp.choices)} choices for request {comp.request_id} "
+                                       f"of {len(its)} sequences; records so far are kept")
                     recs = [self._record(fp, kv, task, it, comp, ch) for it, ch in zip(its, comp.choices)]
                     scorer.submit(recs, [(it.sample, rec.pop("_answer"), it.repeat)
                                          for it, rec in zip(its, recs) if rec["status"] == "ok"])
@@ -242,15 +293,7 @@ class Runner:
             finally:
                 scorer.close()
                 bar.close()
-        records = select(store.records(), set(current))
-        summary = arm_summary(records)
-        summary.update({"records": str(store.path), "fingerprint": fp, "requests_sent": sent,
-                        "kv_name": kv.name, "engine": material["engine"].get("kind")})
-        stats = engine.prefill_stats() if sent and hasattr(engine, "prefill_stats") else None
-        if stats:  # this invocation's prefill work, from the engine's own counters
-            summary["engine_prefill"] = stats
-        summary.update(task.summarize(summary, records))
-        return summary
+        return sent
 
     def _record(self, fp: str, kv: KVConfig, task: Task, it: PlannedItem, comp, choice) -> dict:
         rec = {
@@ -278,12 +321,17 @@ class Runner:
         rec.update(status="ok", score=None, extracted=None, score_details={}, _answer=answer)
         return rec
 
-    @staticmethod
-    def _write_scored(store: ArmStore, recs: list[dict], scores: list) -> int:
+    def _write_scored(self, store: ArmStore, recs: list[dict], scores: list) -> int:
         ok = [r for r in recs if r["status"] == "ok"]
         for rec, score in zip(ok, scores, strict=True):
             rec.update(score=float(score.value), extracted=score.extracted, score_details=score.details)
+        return self._write(store, recs)
+
+    @staticmethod
+    def _write(store: ArmStore, recs: list[dict]) -> int:
+        """Append, then release the claims: a key is never unclaimed before its record is on disk."""
         store.append(recs)
+        store.release([(r["sample_id"], r["repeat"]) for r in recs])
         return len(recs)
 
     # --- the whole run ------------------------------------------------------------------------------------
@@ -328,9 +376,7 @@ class Runner:
             "wall_s": None,
         }
         if len(arms) == 2:
-            base = select(_read(summaries[arms[0][0]]["records"]), {(it.sample.id, it.repeat) for it in items})
-            var = select(_read(summaries[arms[1][0]]["records"]), {(it.sample.id, it.repeat) for it in items})
-            summary["recovery"] = paired_recovery(base, var)
+            summary["recovery"] = paired_recovery(self.views[arms[0][0]].records, self.views[arms[1][0]].records)
             for key in getattr(task, "recovery_keys", ()):  # task metrics that are not a mean (MRCR AUC)
                 b, v = summaries[arms[0][0]].get(key), summaries[arms[1][0]].get(key)
                 summary["recovery"][key] = 100.0 * v / b if b and v is not None else None
@@ -339,12 +385,6 @@ class Runner:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n",
                                                    encoding="utf-8")
         return summary
-
-
-def _read(path: str) -> list[dict]:
-    from fp8eval.records import read_records
-
-    return read_records(Path(path))
 
 
 def format_table(summary: dict) -> str:
