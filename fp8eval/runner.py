@@ -25,6 +25,7 @@ from fp8eval.summary import arm_summary, paired_recovery
 from fp8eval.tasks import task_class
 from fp8eval.tasks.base import PROJECT_ROOT, Prompt, Sample, SkipSample, Task, TaskContext
 from fp8eval.token_counts import TokenCountCache
+from fp8eval.validate import check_samples, check_task_config
 
 CONF_DIR = PROJECT_ROOT / "conf"
 
@@ -117,6 +118,7 @@ class Runner:
         max_len = engine.max_model_len()
         max_tokens = int(self.sampling["max_tokens"])
         samples = list(task.samples())
+        check_samples(task.name, samples, getattr(self.cfg.task, "data_files", None))
         bar = _Progress(len(samples), "building prompts", self.cfg.progress and len(samples) > 20)
         for sample in samples:
             shared_prompt = None
@@ -338,6 +340,7 @@ class Runner:
     def run(self) -> dict:
         cfg = self.cfg
         t0 = time.perf_counter()
+        check_task_config(cfg.task)
         arms = self.arms()
         tcls = task_class(cfg.task.name)
         task_cfg = cfg.task if isinstance(cfg.task, tcls.config_class) else OmegaConf.to_object(cfg.task)

@@ -16,6 +16,7 @@ from omegaconf import MISSING
 
 from fp8eval.config import TaskConfig
 from fp8eval.tasks.base import PROJECT_ROOT, TASK_DATA_ROOT, file_sha256
+from fp8eval.validate import InputError, read_jsonl_rows
 
 
 @dataclass
@@ -48,7 +49,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
         opener = gzip.open if suffix.endswith(".gz") else open
         with opener(path, "rt", encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
+            return read_jsonl_rows(f, path)
     if suffix == ".json":
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -156,7 +157,7 @@ def task_rows(task) -> list[dict[str, Any]]:
 def finish_samples(name: str, samples: list, limit: int | None) -> list:
     """Sample ids key the records: a duplicate would merge two problems' results."""
     if len({s.id for s in samples}) != len(samples):
-        raise ValueError(f"{name}: duplicate sample ids in the data")
+        raise InputError(f"{name}: duplicate sample ids in the data")
     return samples[:limit] if limit else samples
 
 
