@@ -94,4 +94,10 @@ def _write_report(run_dir: Path) -> None:
 
 if __name__ == "__main__":
     check_overrides(sys.argv[1:])
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        # One line, not a traceback: every finished record is on disk, the rest is resent on the rerun.
+        print("\nfp8eval: interrupted; finished records are kept, rerun the same command to resume",
+              file=sys.stderr)
+        sys.exit(130)

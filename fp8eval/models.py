@@ -71,9 +71,33 @@ def local_model_dir(model: ModelConfig, progress: bool = True) -> Path | str:
     return model.hf_id
 
 
+def remove_stale_temps(target: Path) -> list[Path]:
+    """Delete `<target>.tmp<pid>` directories of conversions whose process is gone (killed mid-way);
+    a live process's temp dir is left alone. Returns what was removed."""
+    removed = []
+    for tmp in target.parent.glob(target.name + ".tmp*") if target.parent.is_dir() else []:
+        pid = tmp.name[len(target.name) + 4:]
+        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+            continue
+        shutil.rmtree(tmp, ignore_errors=True)
+        removed.append(tmp)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _convert_gguf(gguf: Path, target: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    remove_stale_temps(target)
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

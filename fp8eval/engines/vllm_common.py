@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from fp8eval.engines.base import EngineError
+from fp8eval.procs import set_parent_death_signal
 
 # Interpreter that runs vLLM (the offline worker and the managed server). Default: this one.
 VLLM_PYTHON_ENV = "FP8EVAL_VLLM_PYTHON"
@@ -405,14 +406,9 @@ def _install_handlers() -> None:
             pass
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def _die_with_parent(parent_pid: int) -> None:  # runs in the child between fork and exec
     os.setsid()  # own process group: stop() takes vLLM's own helper processes down with it
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+    set_parent_death_signal(signal.SIGTERM, parent_pid)  # SIGTERM: vLLM then stops its own workers
 
 
 class ChildProcess:
@@ -427,7 +423,7 @@ class ChildProcess:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             cmd, stdin=stdin, stdout=stdout if stdout is not None else self._log, stderr=self._log,
-            env=env, preexec_fn=_die_with_parent, close_fds=True,
+            env=env, preexec_fn=functools.partial(_die_with_parent, os.getpid()), close_fds=True,
         )
         with _LIVE_LOCK:
             _LIVE.add(self)
