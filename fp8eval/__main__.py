@@ -15,6 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from fp8eval.config import register_configs
 from fp8eval.overrides import check_overrides
+from fp8eval.secrets import redact_files
 
 register_configs()
 
@@ -73,6 +74,7 @@ def _run_suite(typed, run_dir: Path) -> None:
         sub = run_dir / name
         (sub / ".hydra").mkdir(parents=True, exist_ok=True)
         OmegaConf.save(composed, sub / ".hydra" / "config.yaml")
+        redact_files(sub / ".hydra")
         summaries[name] = _run_one(OmegaConf.to_object(composed), sub)
     suite = {"model": typed.model.name, "task": f"suite:{typed.suite.name}", "suite": list(typed.suite.tasks),
              "tasks": {n: str(run_dir / n / "summary.json") for n in summaries},

@@ -13,6 +13,7 @@ import shutil
 from pathlib import Path
 
 from fp8eval.config import ModelConfig
+from fp8eval.hub import prepare_offline
 
 
 class ModelUnavailable(RuntimeError):
@@ -68,6 +69,7 @@ def local_model_dir(model: ModelConfig, progress: bool = True) -> Path | str:
         return _convert_gguf(gguf, target)
     if Path(model.hf_id).expanduser().is_dir():
         return Path(model.hf_id).expanduser()
+    prepare_offline()  # unreachable hub: load from the cache at once, or fail at once
     return model.hf_id
 
 

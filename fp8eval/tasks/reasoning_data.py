@@ -16,6 +16,7 @@ from omegaconf import MISSING
 
 from fp8eval.config import TaskConfig
 from fp8eval.tasks.base import PROJECT_ROOT, TASK_DATA_ROOT, file_sha256
+from fp8eval.hub import prepare_offline
 from fp8eval.validate import InputError, read_jsonl_rows
 
 
@@ -79,6 +80,7 @@ def load_hub(task: str, dataset: str, config: str | None, split: str, revision: 
         f"Pass local files instead, e.g. `task.data_files=[path/to/{task}.jsonl]` "
         "(jsonl, json, csv or parquet with the dataset's columns)."
     )
+    offline = prepare_offline()  # before the import: `datasets` reads the offline variables then
     try:
         import datasets
     except ImportError as exc:
@@ -92,7 +94,8 @@ def load_hub(task: str, dataset: str, config: str | None, split: str, revision: 
         raise DataUnavailable(
             f"task {task}: could not load {dataset}" + (f" ({config})" if config else "")
             + f" split {split} from the Hugging Face hub: {type(exc).__name__}: {exc}. "
-            "Offline or gated datasets need a local copy. " + hint
+            + (f"The hub is not reachable here ({offline}). " if offline else "")
+            + "Offline or gated datasets need a local copy. " + hint
         ) from exc
     return [dict(row) for row in ds]
 
@@ -100,6 +103,9 @@ def load_hub(task: str, dataset: str, config: str | None, split: str, revision: 
 def hub_file(task: str, repo: str, filename: str, revision: str | None) -> Path:
     """One file of a hub dataset repository (for datasets whose loading script `datasets` no longer runs)."""
     hint = f"Pass local files instead: `task.data_files=[path/to/{task}.jsonl]`."
+    offline = prepare_offline()
+    if offline:
+        hint = f"The hub is not reachable here ({offline}). " + hint
     try:
         from huggingface_hub import hf_hub_download
     except ImportError as exc:
