@@ -2,7 +2,8 @@
 
 It answers like vLLM does where the engine looks: /health, /version, /v1/models (with max_model_len),
 /metrics (a `vllm:cache_config_info{...}` line), /tokenize, /v1/chat/completions, /v1/completions.
-Faults are scripted per test: HTTP 500s, slow answers (timeouts), a server stopped mid-run.
+Faults are scripted per test: HTTP 500s, slow answers (timeouts), a server stopped mid-run, and broken
+answers (`faults`, or `fault_fn` for random ones): see FAULTS.
 """
 
 from __future__ import annotations
@@ -20,9 +21,15 @@ def answer_for(messages: list[dict], index: int) -> str:
     return " ".join(reversed(last.split())) + f" #{index}"
 
 
+# Broken answers a generation call can get (tests/faults): HTTP 500; a 200 whose body is cut JSON;
+# `choices: []`; one choice fewer than n; a null choice; another model's id; no `choices` key.
+FAULTS = ("500", "malformed", "empty_choices", "short_choices", "null_choice", "other_model", "no_choices")
+
+
 class FakeOpenAIServer:
     def __init__(self, port: int = 0, cache_dtype: str = "auto", skip_layers: str = "[]",
-                 model: str = "fake-model", max_model_len: int = 4096, reasoning: bool = False):
+                 model: str = "fake-model", max_model_len: int = 4096, reasoning: bool = False,
+                 keep_bodies: bool = True):
         self.cache_dtype = cache_dtype
         self.skip_layers = skip_layers
         self.model = model
@@ -32,6 +39,12 @@ class FakeOpenAIServer:
         self.slow_next = 0  # sleep slow_s before answering this many generation calls
         self.slow_s = 0.0
         self.metrics_enabled = True
+        self.faults: list[str] = []  # FAULTS applied to the next generation calls, in order
+        self.fault_fn = None  # (body, attempt) -> a FAULTS name or None; attempt counts calls of that body
+        self.answer_fn = None  # (messages, index, seed) -> answer text; default answer_for
+        self.fault_counts: dict[str, int] = {}
+        self.attempts: dict[str, int] = {}
+        self.keep_bodies = keep_bodies
         self.lock = threading.Lock()
         self.generation_calls = 0
         self.completed: list[str] = []  # request ids (first user message) answered with 200
@@ -132,9 +145,13 @@ class FakeOpenAIServer:
                                             "tokens": list(range(count))})
                 if self.path not in ("/v1/chat/completions", "/v1/completions"):
                     return self._send(404, {"error": "not found"})
+                key_text = json.dumps(body.get("messages") or body.get("prompt"), sort_keys=True) + str(body.get("seed"))
                 with server.lock:
                     server.generation_calls += 1
-                    server.bodies.append(body)
+                    if server.keep_bodies:
+                        server.bodies.append(body)
+                    attempt = server.attempts[key_text] = server.attempts.get(key_text, 0) + 1
+                    fault = server.faults.pop(0) if server.faults else None
                     fail = server.fail_next > 0
                     if fail:
                         server.fail_next -= 1
@@ -144,7 +161,12 @@ class FakeOpenAIServer:
                 last = (body.get("messages") or [{"content": body.get("prompt", "")}])[-1]["content"]
                 if "REJECT" in last:
                     return self._send(400, {"error": {"message": "prompt too long", "type": "BadRequestError"}})
-                if fail:
+                if fault is None and server.fault_fn is not None:
+                    fault = server.fault_fn(body, attempt)
+                if fault is not None:
+                    with server.lock:
+                        server.fault_counts[fault] = server.fault_counts.get(fault, 0) + 1
+                if fail or fault == "500":
                     return self._send(500, {"error": {"message": "scripted failure", "type": "InternalServerError"}})
                 if slow:
                     time.sleep(server.slow_s)
@@ -153,7 +175,8 @@ class FakeOpenAIServer:
                     messages = body["messages"]
                     choices = []
                     for i in range(n):
-                        text = answer_for(messages, i)
+                        text = (server.answer_fn(messages, i, body.get("seed")) if server.answer_fn
+                                else answer_for(messages, i))
                         message = {"role": "assistant", "content": text}
                         if server.reasoning:
                             message["reasoning_content"] = f"thinking about choice {i}"
@@ -167,14 +190,28 @@ class FakeOpenAIServer:
                     prompt_tokens = len(body["prompt"].split())
                     key = body["prompt"]
                 out_tokens = sum(len(c.get("message", c).get("content", c.get("text", "")).split()) for c in choices)
-                with server.lock:
-                    server.completed.append(key)
-                return self._send(200, {
+                answer = {
                     "id": "cmpl-fake", "object": "chat.completion", "created": int(time.time()),
                     "model": server.model, "choices": choices,
                     "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": out_tokens,
                               "total_tokens": prompt_tokens + out_tokens,
                               "prompt_tokens_details": {"cached_tokens": 0}},
-                })
+                }
+                if fault == "malformed":
+                    return self._send(200, json.dumps(answer)[:40])
+                if fault == "empty_choices":
+                    answer["choices"] = []
+                elif fault == "short_choices":
+                    answer["choices"] = choices[:-1]
+                elif fault == "null_choice":
+                    answer["choices"] = [None, *choices[1:]]
+                elif fault == "other_model":
+                    answer["model"] = "some-other-model"
+                elif fault == "no_choices":
+                    del answer["choices"]
+                else:
+                    with server.lock:
+                        server.completed.append(key)
+                return self._send(200, answer)
 
         return Handler
