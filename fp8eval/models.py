@@ -49,8 +49,14 @@ def embedded_gguf_path(model: ModelConfig) -> Path:
         return target
     module = importlib.import_module(pkg)
     if hasattr(module, "assemble"):
+        # Assembled under a temp name and renamed: a run killed mid-way never leaves a torn file where
+        # the next run would take it for the model (the next run removes the dead run's temp file).
         target.parent.mkdir(parents=True, exist_ok=True)
-        return Path(module.assemble(target))
+        remove_stale_temps(target)
+        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        os.replace(Path(module.assemble(tmp)), target)
+        return target
     raise ModelUnavailable(f"GGUF file {model.gguf_file!r} not found in package {pkg!r} ({path.parent}).")
 
 
@@ -74,14 +80,17 @@ def local_model_dir(model: ModelConfig, progress: bool = True) -> Path | str:
 
 
 def remove_stale_temps(target: Path) -> list[Path]:
-    """Delete `<target>.tmp<pid>` directories of conversions whose process is gone (killed mid-way);
-    a live process's temp dir is left alone. Returns what was removed."""
+    """Delete `<target>.tmp<pid>` files or directories of conversions and assemblies whose process is gone
+    (killed mid-way); a live process's temp is left alone. Returns what was removed."""
     removed = []
     for tmp in target.parent.glob(target.name + ".tmp*") if target.parent.is_dir() else []:
         pid = tmp.name[len(target.name) + 4:]
         if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
             continue
-        shutil.rmtree(tmp, ignore_errors=True)
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
         removed.append(tmp)
     return removed
 

@@ -83,5 +83,7 @@ def test_stale_conversion_temp_dirs_are_removed(tmp_path):
     for d in (dead, live):
         (d / "sub").mkdir(parents=True)
         (d / "sub" / "model.safetensors").write_bytes(b"x" * 1000)
-    assert remove_stale_temps(target) == [dead]
-    assert not dead.exists() and live.exists()
+    torn = target.with_name(target.name + ".tmp999999998")  # a killed GGUF assembly: a file
+    torn.write_bytes(b"GGUF" + b"\0" * 100)
+    assert sorted(remove_stale_temps(target)) == sorted([dead, torn])
+    assert not dead.exists() and not torn.exists() and live.exists()
