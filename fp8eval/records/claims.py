@@ -65,7 +65,7 @@ class Claims:
         self._thread: threading.Thread | None = None
 
     # -- this writer ------------------------------------------------------------------------------
-    def register(self) -> "Claims":
+    def register(self) -> Claims:
         """Announce this writer (and start its heartbeat)."""
         self.writers.mkdir(parents=True, exist_ok=True)
         me = {"host": HOST, "pid": os.getpid(), "start": _pid_start(os.getpid())}

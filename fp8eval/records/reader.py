@@ -19,8 +19,9 @@ arm's valid records from `read_arm` / `select_arm`, so they can never disagree a
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Iterable, Mapping, NamedTuple
+from typing import NamedTuple
 
 from fp8eval.records.codec import FileScan, LineProblem
 

@@ -25,9 +25,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Mapping
 
 from fp8eval.records.claims import Claims, claim_name
 from fp8eval.records.codec import FileScan, canonical_json
@@ -92,7 +92,7 @@ class ArmStore:
             raise RuntimeError("ArmStore.open() first")
         return self._own
 
-    def open(self) -> "ArmStore":
+    def open(self) -> ArmStore:
         """Create the arm's directory and meta file, register as a writer and pick the file to append to."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not self.meta_path.exists():
@@ -120,7 +120,7 @@ class ArmStore:
             self._claims.close()
             self._claims = None
 
-    def __enter__(self) -> "ArmStore":
+    def __enter__(self) -> ArmStore:
         return self.open()
 
     def __exit__(self, *exc) -> None:

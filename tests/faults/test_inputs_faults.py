@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import run_cli, run_inprocess
+
 from fp8eval.validate import InputError
 
 FAST = ["engine=fake", "task.lengths=[1024]", "task.depths=[0,50]"]

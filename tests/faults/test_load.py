@@ -5,7 +5,6 @@ from __future__ import annotations
 import sys
 
 import pytest
-
 from conftest import REPO
 
 

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, run_inprocess, summary_of
+
 from fp8eval.records import read_arm, read_records
 from fp8eval.records.__main__ import main as records_cli
 from fp8eval.records.claims import Claims, claim_name

@@ -6,6 +6,7 @@ import os
 import time
 
 from conftest import run_cli
+
 from fp8eval.secrets import redact
 
 

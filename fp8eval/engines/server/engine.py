@@ -20,7 +20,8 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from fp8eval.engines import vllm_common as vc
 from fp8eval.engines.base import Completion, EngineError, Request
@@ -127,7 +128,8 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
                         "lengths cannot be counted with its tokenizer; fp8eval never truncates, so it "
                         "needs them. Use a vLLM server.")
                 if r.status_code < 500:
-                    raise EngineError(f"/tokenize refused request {request.id}: HTTP {r.status_code} {redact(r.text[:300])}")
+                    raise EngineError(f"/tokenize refused request {request.id}: HTTP {r.status_code} "
+                                      f"{redact(r.text[:300])}")
                 last = f"HTTP {r.status_code}"
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}: {redact(exc)}"

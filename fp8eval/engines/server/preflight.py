@@ -25,7 +25,7 @@ VOLATILE_CACHE_LABELS = {"num_gpu_blocks", "num_cpu_blocks", "engine", "kv_cache
 
 
 def cache_config_info_line(metrics_text: str) -> str | None:
-    return next((l for l in metrics_text.splitlines() if l.startswith("vllm:cache_config_info{")), None)
+    return next((ln for ln in metrics_text.splitlines() if ln.startswith("vllm:cache_config_info{")), None)
 
 
 def parse_cache_config_info(metrics_text: str) -> dict[str, str] | None:
