@@ -43,6 +43,11 @@ def offline_reason() -> str | None:
     return reason
 
 
+def known_offline_reason() -> str | None:
+    """Why the hub is unreachable, if this process already found out (never probes)."""
+    return _STATE.get("reason")
+
+
 def prepare_offline() -> str | None:
     """Put the hub libraries in offline mode when the hub is unreachable; returns the reason (or None)."""
     reason = offline_reason()

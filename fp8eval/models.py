@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fp8eval.config import ModelConfig
 from fp8eval.hub import prepare_offline
+from fp8eval.procs import pid_alive
 
 
 class ModelUnavailable(RuntimeError):
@@ -85,7 +86,7 @@ def remove_stale_temps(target: Path) -> list[Path]:
     removed = []
     for tmp in target.parent.glob(target.name + ".tmp*") if target.parent.is_dir() else []:
         pid = tmp.name[len(target.name) + 4:]
-        if pid.isdigit() and int(pid) != os.getpid() and _alive(int(pid)):
+        if pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid)):
             continue
         if tmp.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -93,16 +94,6 @@ def remove_stale_temps(target: Path) -> list[Path]:
             tmp.unlink(missing_ok=True)
         removed.append(tmp)
     return removed
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _convert_gguf(gguf: Path, target: Path) -> Path:

@@ -27,6 +27,17 @@ def set_parent_death_signal(sig: int = signal.SIGKILL, parent_pid: int | None = 
     return ok
 
 
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists on this host (one we may not signal counts as alive)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def scoring_worker_init(parent_pid: int) -> None:
     """Initializer of scoring pool workers: die with the runner; leave Ctrl-C to the runner (it shuts
     the pool down), so one interrupt prints one line, not a traceback per worker."""

@@ -295,6 +295,9 @@ class Runner:
             finally:
                 scorer.close()
                 bar.close()
+            if sent != len(requests):  # an engine that stops early without saying why loses pairs silently
+                raise RunError(f"the engine answered {sent} of {len(requests)} requests for kv={kv.name} and "
+                               "raised no error; records so far are kept, rerun to send the rest")
         return sent
 
     def _record(self, fp: str, kv: KVConfig, task: Task, it: PlannedItem, comp, choice) -> dict:

@@ -13,6 +13,7 @@ from typing import Iterable, Iterator
 
 from fp8eval.config import KVConfig, RunConfig
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
+from fp8eval.hub import known_offline_reason
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -135,6 +136,9 @@ class ReferenceEngine:
 
     def _unavailable(self, e: Exception) -> str:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        offline = known_offline_reason()
+        if offline:
+            first += f"; the model hub is not reachable here: {offline}"
         return (f"The reference engine could not load {self.cfg.model.hf_id!r} ({first}). Without access to "
                 f"the model hub, download the weights elsewhere and point model.hf_id at that directory; on a GPU "
                 f"box with vLLM installed, use engine=vllm (or engine=server). The embedded models "

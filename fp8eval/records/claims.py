@@ -24,6 +24,8 @@ import threading
 import time
 from pathlib import Path
 
+from fp8eval.procs import pid_alive
+
 HOST = socket.gethostname()
 
 
@@ -34,16 +36,6 @@ def _pid_start(pid: int) -> str | None:
     except OSError:
         return None
     return stat.rsplit(")", 1)[1].split()[19]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def claim_name(sample_id: str, repeat: int) -> str:
@@ -108,7 +100,7 @@ class Claims:
             return False  # never registered completely, or closed: nobody works on its claims
         if info.get("host") == HOST:
             pid = int(info.get("pid", -1))
-            return _pid_alive(pid) and (info.get("start") is None or _pid_start(pid) in (None, info["start"]))
+            return pid_alive(pid) and (info.get("start") is None or _pid_start(pid) in (None, info["start"]))
         try:
             now = self._writer_file(self.writer_id).stat().st_mtime  # the filesystem's clock
         except OSError:
