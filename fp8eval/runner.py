@@ -223,15 +223,16 @@ class Runner:
         attempted: set[tuple[str, int]] = set()
         sent, waited_since = 0, None
         while True:
-            done = store.read(expected).done_keys()
-            pending = [it for it in items if (it.sample.id, it.repeat) not in done | attempted]
+            finished = store.read(expected).done_keys() | attempted
+            pending = [it for it in items if (it.sample.id, it.repeat) not in finished]
             if not pending:
                 break
             got = set(store.claim([(it.sample.id, it.repeat) for it in pending]))
             if got:
                 done = store.read(expected).done_keys()
                 store.release(got & done)
-                mine = [it for it in pending if (it.sample.id, it.repeat) in got - done]
+                todo = got - done
+                mine = [it for it in pending if (it.sample.id, it.repeat) in todo]
                 attempted |= {(it.sample.id, it.repeat) for it in mine}
                 sent += self._do_items(store, fp, task, engine, kv, mine)
                 continue
