@@ -187,5 +187,6 @@ class ArmStore:
 
 
 def iter_arm_files(root: Path) -> Iterator[Path]:
-    """The primary file of every arm under a records root."""
-    yield from sorted(Path(root).glob("*/*.jsonl"))
+    """The primary file of every arm under a records root (the ones with an `.arm.json` beside them, so
+    token counts and `repair`'s `.rejected.jsonl` files are not taken for arms)."""
+    yield from (p for p in sorted(Path(root).glob("*/*.jsonl")) if p.with_suffix(".arm.json").exists())
