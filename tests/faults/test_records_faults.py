@@ -197,3 +197,32 @@ def test_cli_summary_counts_ignored(tmp_path):
     proc = run_cli(tmp_path, [*FAST, "report=false"])
     s = summary_of(proc)
     assert s["arms"]["fp8"]["n_ignored"] == {}
+
+
+def test_armstore_api_for_concurrent_writers(tmp_path):
+    """The API shards use: two writers of one arm, the second in its own segment; claims exclusive."""
+    from fp8eval.records import ArmStore
+
+    def rec(sid: str, repeat: int, score: float) -> dict:
+        return {"schema": 2, "arm": "f" * 64, "task": "t", "sample_id": sid, "repeat": repeat, "status": "ok",
+                "score": score, "prompt_hash": "h", "time": "2026"}
+
+    a = ArmStore(tmp_path, "t", "f" * 64, {}).open()
+    b = ArmStore(tmp_path, "t", "f" * 64, {}).open()
+    try:
+        assert a.own_path == a.path and b.own_path.parent.name.endswith(".seg")
+        assert a.claim([("s1", 0), ("s2", 0)]) == [("s1", 0), ("s2", 0)]
+        assert b.claim([("s1", 0), ("s3", 0)]) == [("s3", 0)]
+        assert b.busy_elsewhere([("s1", 0), ("s2", 0)]) == [("s1", 0), ("s2", 0)]
+        a.append([rec("s1", 0, 1.0), rec("s2", 0, 0.0)])
+        a.release([("s1", 0), ("s2", 0)])
+        b.append([rec("s3", 0, 1.0)])
+        b.release([("s3", 0)])
+        expected = {("s1", 0): "h", ("s2", 0): "h", ("s3", 0): "h"}
+        view = b.read(expected)
+        assert [r["sample_id"] for r in view.records] == ["s1", "s2", "s3"] and view.ignored == {}
+        assert b.claim([("s1", 0)]) == [("s1", 0)]  # released by a: free again (b re-reads: done)
+    finally:
+        a.close()
+        b.close()
+    assert not list(a.claims_dir.glob("*.*"))  # every claim released
