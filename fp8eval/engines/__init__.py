@@ -12,7 +12,8 @@ ENGINES: dict[str, str] = {
     "fake": "fp8eval.engines.fake:FakeEngine",
     "reference": "fp8eval.engines.reference:ReferenceEngine",
     "vllm": "fp8eval.engines.vllm_offline:VLLMOfflineEngine",
-    "server": "fp8eval.engines.server:ServerEngine",
+    # One URL or a managed server: ServerEngine; several URLs for an arm: a replica pool.
+    "server": "fp8eval.engines.pool:build_server_engine",
 }
 
 
@@ -24,6 +25,8 @@ def engine_args(cfg: RunConfig, kv: KVConfig) -> dict:
         args["revision"] = m.revision
     for layer in (m.engine_args, kv.engine_args, cfg.engine.engine_args):
         args.update(dict(layer))
+    if cfg.engine.attention_backend:  # its EngineArgs name; older vLLM gets it as an environment variable
+        args["attention_backend"] = cfg.engine.attention_backend
     return args
 
 

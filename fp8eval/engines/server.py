@@ -360,13 +360,7 @@ class ServerEngine:
             thread.join(timeout=30)
 
     async def _produce(self, requests: Iterator[Request], out: queue.Queue, stop: threading.Event) -> None:
-        import httpx
-        from openai import AsyncOpenAI
-
-        client = AsyncOpenAI(
-            base_url=self.root + "/v1", api_key=self._api_key, max_retries=0,
-            timeout=httpx.Timeout(self.request_timeout_s, connect=30.0),
-        )
+        client = self.async_client()
         slots = asyncio.Semaphore(self.concurrency)
         tasks: set[asyncio.Task] = set()
         failure: list[BaseException] = []
@@ -400,21 +394,34 @@ class ServerEngine:
         if failure:
             raise failure[0]
 
+    def async_client(self):
+        """An AsyncOpenAI client for this server (no client-side retries: the callers retry)."""
+        import httpx
+        from openai import AsyncOpenAI
+
+        return AsyncOpenAI(base_url=self.root + "/v1", api_key=self._api_key, max_retries=0,
+                           timeout=httpx.Timeout(self.request_timeout_s, connect=30.0))
+
+    async def call_once(self, client, req: Request) -> Completion:
+        """One attempt at a request, exceptions raised as the openai client raises them; `_one` and the
+        replica pool (fp8eval.engines.pool) each wrap it in their own retry policy."""
+        kwargs, extra = self._request_kwargs(req)
+        started = time.monotonic()
+        if req.prompt_text is not None:
+            resp = await client.completions.create(model=self.model_id, prompt=req.prompt_text,
+                                                   extra_body=extra, **kwargs)
+        else:
+            resp = await client.chat.completions.create(model=self.model_id, messages=list(req.messages),
+                                                        extra_body=extra, **kwargs)
+        return self._completion(req, resp, time.monotonic() - started)
+
     async def _one(self, client, req: Request) -> Completion:
         import openai
 
-        kwargs, extra = self._request_kwargs(req)
         last = ""
         for attempt in range(self.max_retries + 1):
-            started = time.monotonic()
             try:
-                if req.prompt_text is not None:
-                    resp = await client.completions.create(model=self.model_id, prompt=req.prompt_text,
-                                                           extra_body=extra, **kwargs)
-                else:
-                    resp = await client.chat.completions.create(model=self.model_id, messages=list(req.messages),
-                                                                extra_body=extra, **kwargs)
-                return self._completion(req, resp, time.monotonic() - started)
+                return await self.call_once(client, req)
             except (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
             except openai.APIStatusError as exc:
