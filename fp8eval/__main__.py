@@ -46,7 +46,7 @@ def main(cfg: DictConfig) -> None:
     except Fp8evalError as e:
         print(f"\nfp8eval: {e}", file=sys.stderr)
         sys.exit(2)
-    if typed.report:
+    if typed.report and typed.shard is None:  # a shard's summary is partial; the unsharded rerun reports
         _write_report(run_dir)
     print(run_dir)
 

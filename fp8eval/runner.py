@@ -16,7 +16,9 @@ from omegaconf import OmegaConf
 
 from fp8eval.config import KVConfig, RunConfig, SamplingConfig
 from fp8eval.engines import build_engine
+from fp8eval import shard as shards
 from fp8eval.engines.base import Request
+from fp8eval.engines.parallel import fingerprint_view
 from fp8eval.reasoning import split_reasoning
 from fp8eval.records import RECORD_SCHEMA, ArmStore, fingerprint_hash
 from fp8eval.seeds import derive_seed
@@ -114,7 +116,8 @@ class Runner:
         count = task.ctx.count_tokens
         max_len = engine.max_model_len()
         max_tokens = int(self.sampling["max_tokens"])
-        samples = list(task.samples())
+        # A shard plans (and counts the tokens of) only its own samples.
+        samples = shards.mine(task.samples(), shards.parse(self.cfg.shard), key=lambda s: s.id)
         bar = _Progress(len(samples), "building prompts", self.cfg.progress and len(samples) > 20)
         for sample in samples:
             shared_prompt = None
@@ -177,7 +180,7 @@ class Runner:
         return {
             "record_schema": RECORD_SCHEMA,
             "model": model,
-            "engine": engine.describe(),
+            "engine": fingerprint_view(engine.describe()),  # data parallelism left out
             "kv": kv_d,
             "sampling": self.sampling,
             "task": {"name": task.name, "version": task.version, "config": task_cfg, **task.fingerprint()},
@@ -196,6 +199,9 @@ class Runner:
                 and (r["prompt_hash"] == current[(r["sample_id"], r["repeat"])].prompt_hash
                      or r["status"] == "skipped")}
         pending = [it for it in items if (it.sample.id, it.repeat) not in done]
+        shard = shards.parse(self.cfg.shard)
+        if shard is None:  # an arm run in shards is finished by its shards, not silently here
+            shards.check_unsharded(store.path, kv.name, [it.sample.id for it in pending])
         skipped = [it for it in pending if it.prompt is None or it.skip_reason]
         store.append([self._record(fp, kv, task, it, None, None) for it in skipped])
         to_send = [it for it in pending if it.prompt is not None and not it.skip_reason]
@@ -242,6 +248,8 @@ class Runner:
             finally:
                 scorer.close()
                 bar.close()
+        if shard is not None:  # reached only when this shard's share is all recorded
+            shards.mark_done(store.path, shard, len(items))
         records = select(store.records(), set(current))
         summary = arm_summary(records)
         summary.update({"records": str(store.path), "fingerprint": fp, "requests_sent": sent,
@@ -327,6 +335,8 @@ class Runner:
             "seed": cfg.seed,
             "wall_s": None,
         }
+        if cfg.shard is not None:
+            summary["shard"] = cfg.shard  # this summary covers only the shard's samples
         if len(arms) == 2:
             base = select(_read(summaries[arms[0][0]]["records"]), {(it.sample.id, it.repeat) for it in items})
             var = select(_read(summaries[arms[1][0]]["records"]), {(it.sample.id, it.repeat) for it in items})
