@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from fp8eval.config import KVConfig, RunConfig, SamplingConfig
 from fp8eval.engines import build_engine
 from fp8eval import shard as shards
+from fp8eval.engines.attention import check as check_attention_backend
 from fp8eval.engines.base import Request
 from fp8eval.engines.parallel import fingerprint_view
 from fp8eval.reasoning import split_reasoning
@@ -309,6 +310,7 @@ class Runner:
         for name, kv, role in sorted(arms, key=lambda a: a[2] == "baseline"):
             engine = build_engine(cfg, kv, self.shared)
             try:
+                backend = check_attention_backend(cfg, engine)  # before any request
                 if task is None:
                     ctx = TaskContext(count_tokens=self._token_counter(engine), max_model_len=engine.max_model_len(),
                                       model_name=cfg.model.name, seed=cfg.seed,
@@ -320,6 +322,8 @@ class Runner:
                         self.out(f"note: {line}")
                 summaries[name] = self.run_arm(task, engine, kv, items)
                 summaries[name]["role"] = role
+                if backend is not None:
+                    summaries[name]["attention_backend"] = backend
                 if hasattr(engine, "startup_warnings"):  # vLLM engines: uncalibrated scales, fallbacks
                     summaries[name]["engine_warnings"] = engine.startup_warnings()
             finally:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 
 from fp8eval.config import KVConfig, RunConfig
+from fp8eval.engines.attention import validate as validate_backend
 from fp8eval.engines.base import Engine, EngineError
 
 # kind -> "module:Class"; imported only when that kind is used (vLLM and torch are heavy).
@@ -26,7 +27,7 @@ def engine_args(cfg: RunConfig, kv: KVConfig) -> dict:
     for layer in (m.engine_args, kv.engine_args, cfg.engine.engine_args):
         args.update(dict(layer))
     if cfg.engine.attention_backend:  # its EngineArgs name; older vLLM gets it as an environment variable
-        args["attention_backend"] = cfg.engine.attention_backend
+        args["attention_backend"] = validate_backend(cfg.engine.attention_backend)
     return args
 
 
