@@ -107,7 +107,7 @@ def test_replica_killed_mid_run_every_sample_repeat_exactly_once(tmp_path):
     for s in servers:
         s.slow_next, s.slow_s = 1000, 0.4
     urls = ",".join(s.url for s in servers)
-    args = ["engine=server", f"+engine.base_urls.bf16=[{urls}]", "engine.concurrency=2", "engine.max_retries=2",
+    args = ["engine=server", f"engine.base_urls.bf16=[{urls}]", "engine.concurrency=2", "engine.max_retries=2",
             "engine.request_timeout_s=5", "kv=bf16", "baseline=none", "task=aime25", "task.limit=15",
             "task.repeats=2", "model.max_model_len=4096", "sampling.max_tokens=64"]
     victim = servers[1]
@@ -133,3 +133,17 @@ def test_replica_killed_mid_run_every_sample_repeat_exactly_once(tmp_path):
     assert arm["requests_sent"] == 15 and arm["n_errors"] == 0
     dropped = arm["engine_warnings"].get("replica_dropped", [])
     assert len(dropped) == 1 and dropped[0].startswith(f"replica 1 ({victim.url}) dropped"), arm["engine_warnings"]
+
+
+def test_every_kv_option_has_a_base_urls_slot():
+    """`engine.base_urls.<kv>=[...]` (the documented command, no `+`) works for every kv option."""
+    from conftest import REPO, compose
+
+    kv_names = sorted(p.stem for p in (REPO / "conf" / "kv").glob("*.yaml"))
+    cfg = compose(["engine=server", "engine.base_urls.fp8=[http://a:1,http://b:2]"])
+    assert sorted(cfg.engine.base_urls) == kv_names
+    from fp8eval.engines.pool import arm_urls
+
+    assert arm_urls(cfg, cfg.kv) == ["http://a:1", "http://b:2"]
+    cfg.engine.base_url = "http://c:3"
+    assert arm_urls(cfg, compose(["kv=bf16"]).kv) == ["http://c:3"]
