@@ -104,10 +104,10 @@ def format_plan(cfg, sampling: dict) -> str:
     plan = cfg.plan
     what = f"suite {cfg.suite.name}" if cfg.suite is not None else f"task {cfg.task.name}"
     runs = len(est.checkpoints)
-    lines = [f"plan: {what}, kv {cfg.kv.name} vs {cfg.baseline}: {est.arms} arm(s) x {runs} checkpoint(s) "
-             f"({', '.join(est.checkpoints)})",
-             f"  GPUs: {est.gpus or 'unknown'} per engine instance (tensor_parallel_size "
-             f"{cfg.model.tensor_parallel_size}); shards or replicas multiply throughput, not this"]
+    lines = [(f"plan: {what}, kv {cfg.kv.name} vs {cfg.baseline}: {est.arms} arm(s) x {runs} checkpoint(s) "
+              f"({', '.join(est.checkpoints)})"),
+             (f"  GPUs: {est.gpus or 'unknown'} per engine instance (tensor_parallel_size "
+              f"{cfg.model.tensor_parallel_size}); shards or replicas multiply throughput, not this")]
     req = est.requests_per_arm
     lines.append(f"  requests per arm: {req if req is not None else 'unknown'}"
                  + (f" ({est.samples_per_arm} samples; the n={cfg.task.repeats} repeats of a request share one prefill)"

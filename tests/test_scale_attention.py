@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import compose, run_inprocess
+
 from fp8eval.engines import attention, engine_args
 from fp8eval.engines.base import EngineError
 from fp8eval.records import fingerprint_hash

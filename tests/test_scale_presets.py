@@ -3,11 +3,9 @@ fingerprint."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
-
 from conftest import REPO, compose, run_cli
+
 from fp8eval.engines.parallel import fingerprint_view
 from fp8eval.plan import estimate, format_plan
 from fp8eval.runner import effective_sampling

@@ -7,8 +7,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli, run_inprocess
+
 from fp8eval import shard as shards
 
 ARGS = ["engine=fake", "task=niah", "task.lengths=[256,512]", "task.depths=[0,50,100]", "task.needles_per_cell=4",
@@ -31,7 +31,7 @@ def test_parse_and_partition():
             shards.parse(bad)
     ids = [f"s{i}" for i in range(200)]
     parts = [shards.mine(ids, (i, 4), key=str) for i in range(4)]
-    assert sorted(sum(parts, [])) == sorted(ids) and all(parts)
+    assert sorted(x for part in parts for x in part) == sorted(ids) and all(parts)
     assert shards.shard_of("niah/512/50/0", 4) == shards.shard_of("niah/512/50/0", 4)
 
 

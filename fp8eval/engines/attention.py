@@ -52,14 +52,14 @@ def validate(name: str | None) -> str | None:
     return norm
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def has_engine_arg(python: str) -> bool:
     """Whether the vLLM importable by `python` has the `attention_backend` EngineArgs field. When vLLM
     cannot be imported there, True: the engine's own start-up then explains what is missing."""
     probe = ("import dataclasses\nfrom vllm.engine.arg_utils import EngineArgs\n"
              "print(int('attention_backend' in {f.name for f in dataclasses.fields(EngineArgs)}))")
     try:
-        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=300)
+        out = subprocess.run([python, "-c", probe], capture_output=True, text=True, timeout=300, check=False)
     except (OSError, subprocess.TimeoutExpired):
         return True
     last = out.stdout.strip().splitlines()[-1:] if out.returncode == 0 else []

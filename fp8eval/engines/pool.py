@@ -20,7 +20,8 @@ import dataclasses
 import queue
 import threading
 from collections import Counter, deque
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from fp8eval.engines import vllm_common as vc
 from fp8eval.engines.base import Completion, EngineError, Request

@@ -52,8 +52,8 @@ def markdown(table: pd.DataFrame) -> list[str]:
     w = wide(table)
     backends = [c for c in w.columns if c not in ("model", "task", "baseline", "variant")]
     lines = ["## Recovery by attention backend", "",
-             "Overall recovery (runner's point estimate) of each pair per vLLM attention backend; * = declared"
-             " only (an external server does not publish its backend). Long form in `backends.csv`.", "",
+             ("Overall recovery (runner's point estimate) of each pair per vLLM attention backend; * = declared"
+              " only (an external server does not publish its backend). Long form in `backends.csv`."), "",
              "| model | task | baseline | variant | " + " | ".join(backends) + " |",
              "|---|---|---|---|" + "---:|" * len(backends)]
     unverified = {(r.model, r.task, r.variant, r.attention_backend) for r in table.itertuples() if not r.verified}
