@@ -23,6 +23,7 @@ from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from fp8eval.engines import async_bridge
 from fp8eval.engines import vllm_common as vc
 from fp8eval.engines.base import Completion, EngineError, Request
 from fp8eval.engines.server import ServerEngine, _short
@@ -191,7 +192,9 @@ class PoolEngine:
         n_dropped = len(self.dropped)
         finished = False
         try:
-            yield from self._bridge(list(requests))
+            reqs = list(requests)
+            yield from async_bridge.iterate(lambda out, stop: self._dispatch(reqs, out, stop),
+                                            "fp8eval-pool-dispatch")
             finished = True
         finally:
             after = self._counters() if finished and before is not None and len(self.dropped) == n_dropped \
@@ -201,33 +204,6 @@ class PoolEngine:
             else:
                 for key, value in after.items():
                     self._prefill[key] = self._prefill.get(key, 0.0) + value - before.get(key, 0.0)
-
-    def _bridge(self, requests: list[Request]) -> Iterator[Completion]:
-        """The asyncio dispatcher runs in a thread; completions come back through a queue as they finish."""
-        out: queue.Queue = queue.Queue()
-        stop = threading.Event()
-
-        def run() -> None:
-            try:
-                asyncio.run(self._dispatch(requests, out, stop))
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the consuming thread
-                out.put(("error", exc))
-            finally:
-                out.put(("end", None))
-
-        thread = threading.Thread(target=run, name="fp8eval-pool-dispatch", daemon=True)
-        thread.start()
-        try:
-            while True:
-                kind, item = out.get()
-                if kind == "error":
-                    raise item
-                if kind == "end":
-                    return
-                yield item
-        finally:
-            stop.set()
-            thread.join(timeout=30)
 
     async def _dispatch(self, requests: list[Request], out: queue.Queue, stop: threading.Event) -> None:
         clients = {r.index: r.engine.async_client() for r in self.replicas}

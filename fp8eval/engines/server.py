@@ -25,7 +25,7 @@ import threading
 import time
 from typing import Any, Iterable, Iterator
 
-from fp8eval.engines import attention
+from fp8eval.engines import async_bridge, attention
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
 from fp8eval.engines import vllm_common as vc
 
@@ -336,31 +336,8 @@ class ServerEngine:
                     self._prefill[key] = self._prefill.get(key, 0.0) + value - before[key]
 
     def _generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
-        out: queue.Queue = queue.Queue()
-        stop = threading.Event()
-
-        def run() -> None:
-            try:
-                asyncio.run(self._produce(iter(requests), out, stop))
-            except BaseException as exc:  # noqa: BLE001 - handed to the consuming thread
-                out.put(("error", exc))
-            finally:
-                out.put(("end", None))
-
-        thread = threading.Thread(target=run, name="fp8eval-server-client", daemon=True)
-        thread.start()
-        try:
-            while True:
-                kind, item = out.get()
-                if kind == "completion":
-                    yield item
-                elif kind == "error":
-                    raise item
-                else:
-                    return
-        finally:
-            stop.set()
-            thread.join(timeout=30)
+        yield from async_bridge.iterate(lambda out, stop: self._produce(iter(requests), out, stop),
+                                        "fp8eval-server-client")
 
     async def _produce(self, requests: Iterator[Request], out: queue.Queue, stop: threading.Event) -> None:
         client = self.async_client()
