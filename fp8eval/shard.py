@@ -74,20 +74,22 @@ def shard_counts(records_path: Path) -> dict[int, set[int]]:
 
 
 def check_unsharded(records_path: Path, arm: str, pending_ids: list[str]) -> None:
-    """An unsharded run of an arm that was sharded: refuse to do the missing shards' work silently in
-    one process; name them instead."""
-    counts = shard_counts(records_path)
-    if not counts or not pending_ids:
-        return
-    parts = []
-    for n, done in sorted(counts.items()):
+    """An unsharded run of an arm that was sharded: refuse to do the work of shards that have not
+    finished (no marker) silently in one process; name them instead. Pending pairs of finished shards
+    are new work (a larger grid reuses the arm's records) and are left to this run."""
+    parts, n_missing = [], 0
+    for n, done in sorted(shard_counts(records_path).items()):
         todo: dict[int, int] = {}
         for sid in pending_ids:
             s = shard_of(sid, n)
-            todo[s] = todo.get(s, 0) + 1
-        missing = ", ".join(f"{i}/{n} ({k} pairs{', started' if i in done else ''})" for i, k in sorted(todo.items()))
-        parts.append(f"shards done {len(done)} of {n}; not done: {missing}")
-    raise ShardError(
-        f"Arm {arm} was run in shards and {len(pending_ids)} (sample, repeat) pairs are still missing: "
-        + "; ".join(parts) + ". Run the missing shards (e.g. `python -m fp8eval ... shard=I/N`), then this "
-        "command again; or pass shard=0/1 to finish them all in this one process.")
+            if s not in done:
+                todo[s] = todo.get(s, 0) + 1
+        if todo:
+            n_missing = max(n_missing, sum(todo.values()))
+            missing = ", ".join(f"{i}/{n} ({k} pairs)" for i, k in sorted(todo.items()))
+            parts.append(f"shards done {len(done)} of {n}; not done: {missing}")
+    if parts:
+        raise ShardError(
+            f"Arm {arm} was run in shards and {n_missing} (sample, repeat) pairs of unfinished shards are still "
+            "missing: " + "; ".join(parts) + ". Run the missing shards (e.g. `python -m fp8eval ... shard=I/N`), "
+            "then this command again; or pass shard=0/1 to finish them all in this one process.")

@@ -74,3 +74,13 @@ def test_submitit_local_four_shards_in_parallel(tmp_path):
     assert merged["arms"]["fp8"]["requests_sent"] == 0
     assert stable(merged) == stable(single)
     print(f"submitit_local round trip {time.perf_counter() - t0:.1f} s")
+
+
+def test_a_larger_grid_after_shards_is_new_work_not_a_missing_shard(tmp_path):
+    """NIAH lengths are selection keys (same arm, same records): after all shards of the small grid,
+    an unsharded run of a larger grid sends only the new cells instead of refusing."""
+    for i in range(2):
+        run_inprocess(tmp_path, [*ARGS, f"shard={i}/2"], f"shard{i}")
+    bigger = [a if not a.startswith("task.lengths=") else "task.lengths=[256,512,1024]" for a in ARGS]
+    s = run_inprocess(tmp_path, bigger, "bigger")
+    assert s["arms"]["fp8"]["requests_sent"] == 12  # 3 depths x 4 needles at the new length
