@@ -59,6 +59,7 @@ def test_missing_shard_is_named(tmp_path):
     assert run_inprocess(tmp_path, ARGS, "merged2")["arms"]["fp8"]["requests_sent"] == 0
 
 
+@pytest.mark.slow  # five Python processes: 13-33 s on the 2-core box
 def test_submitit_local_four_shards_in_parallel(tmp_path):
     """The documented command: `-m shard=0/4,...,3/4 hydra/launcher=submitit_local`, four processes writing
     one records store at once, then the plain command summarises with zero requests."""
