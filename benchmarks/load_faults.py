@@ -127,7 +127,7 @@ def run(cmd: list[str], cwd: Path, kill_at: int | None = None, records: Path | N
         out, err = proc.communicate()
         if proc.returncode != 0:
             raise SystemExit(f"run failed ({proc.returncode}):\n{err[-3000:]}")
-        run_dir = Path(out.strip().splitlines()[-1])
+        run_dir = cwd / out.strip().splitlines()[-1]  # printed relative to the cwd
         return {"wall_s": round(time.monotonic() - t0, 2),
                 "summary": json.loads((run_dir / "summary.json").read_text())}
     while proc.poll() is None and _lines(records) < kill_at:

@@ -7,7 +7,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-from fp8eval.secrets import redact_files
+from fp8eval.core.secrets import redact_files
 
 
 class RedactHydraFiles(Callback):

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from fp8eval.errors import Fp8evalError
+from fp8eval.core.errors import Fp8evalError
 
 
 class InputError(Fp8evalError):

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from fp8eval.engines.base import EngineError
-from fp8eval.procs import set_parent_death_signal
+from fp8eval.core.procs import set_parent_death_signal
 
 # Interpreter that runs vLLM (the offline worker and the managed server). Default: this one.
 VLLM_PYTHON_ENV = "FP8EVAL_VLLM_PYTHON"
@@ -46,7 +46,7 @@ def log_dir(cfg) -> Path:
             return Path(HydraConfig.get().runtime.output_dir)
     except Exception:
         pass
-    from fp8eval.models import cache_root
+    from fp8eval.core.paths import cache_root
 
     return cache_root() / "logs"
 

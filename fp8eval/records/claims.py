@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from fp8eval.procs import pid_alive
+from fp8eval.core.procs import pid_alive
 
 HOST = socket.gethostname()
 

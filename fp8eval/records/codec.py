@@ -6,12 +6,13 @@ scan goes on, so one torn or hand-edited line can never block a run or hide the 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from fp8eval.core.hashing import canonical_json, fingerprint_hash  # noqa: F401 - re-exported
 
 # 2: seeds are the sample's seed + repeat (fp8eval.seeds), so records seeded otherwise are never reused.
 RECORD_SCHEMA = 2
@@ -19,16 +20,6 @@ RECORD_SCHEMA = 2
 # Fields a line must carry to be a record at all (the reader then checks that they match the arm).
 REQUIRED_FIELDS = ("arm", "task", "sample_id", "repeat", "status")
 STATUSES = ("ok", "skipped", "error")
-
-
-def canonical_json(obj: Any) -> str:
-    """One line of sorted, compact JSON: the same record always serialises to the same bytes."""
-    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
-
-
-def fingerprint_hash(material: dict) -> str:
-    """sha256 of the canonical JSON of an arm's fingerprint material."""
-    return hashlib.sha256(canonical_json(material).encode("utf-8")).hexdigest()
 
 
 @dataclass

@@ -23,9 +23,10 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import NamedTuple
 
+from fp8eval.metrics.select import DONE_STATUSES, one_per_key, record_key
 from fp8eval.records.codec import FileScan, LineProblem
 
-DONE_STATUSES = ("ok", "skipped")
+__all__ = ["DONE_STATUSES", "ArmRecords", "arm_files", "read_arm", "read_records", "segment_dir", "select_arm"]
 Key = tuple[str, int]
 
 
@@ -59,7 +60,7 @@ def select_arm(scans: Iterable[FileScan], fingerprint: str | None, task: str | N
     prompt); None accepts every key and prompt."""
     ignored: Counter[str] = Counter()
     problems: list[LineProblem] = []
-    best: dict[Key, tuple[tuple, dict]] = {}
+    candidates: list[tuple[tuple, dict]] = []
     for file_index, scan in enumerate(scans):
         problems.extend(scan.problems)
         if scan.torn is not None:
@@ -79,17 +80,16 @@ def select_arm(scans: Iterable[FileScan], fingerprint: str | None, task: str | N
                 if rec.get("prompt_hash") != expected[key]:
                     ignored["stale_prompt"] += 1
                     continue
-            # Done beats error; among equals the later one wins (time, then file and line order).
-            rank = (rec["status"] in DONE_STATUSES, str(rec.get("time") or ""), file_index, line)
-            old = best.get(key)
-            if old is not None:
-                ignored["superseded"] += 1
-                if old[0] > rank:
-                    continue
-            best[key] = (rank, rec)
+            candidates.append(((str(rec.get("time") or ""), file_index, line), rec))
+    # Oldest first (time, then file and line: one writer's file is in write order), then the one rule of
+    # fp8eval.metrics.select: the last done record wins, an error only while there is no done one.
+    candidates.sort(key=lambda c: c[0])
+    chosen, n_replaced = one_per_key(c[1] for c in candidates)
+    if n_replaced:
+        ignored["superseded"] += n_replaced
     for p in problems:
         ignored[p.reason] += 1
-    records = [best[k][1] for k in sorted(best)]
+    records = sorted(chosen, key=record_key)
     return ArmRecords(records, dict(sorted(ignored.items())), problems)
 
 

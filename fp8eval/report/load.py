@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from fp8eval.records.codec import FileScan
 from fp8eval.records.reader import arm_files, select_arm
 
@@ -82,8 +84,6 @@ def _load_config(run_dir: Path) -> dict:
     path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         raise ReportInputError(f"{run_dir}: missing .hydra/config.yaml (the run's identity is read from it)")
-    from omegaconf import OmegaConf
-
     conf = OmegaConf.load(path)
     try:
         return OmegaConf.to_container(conf, resolve=True)  # type: ignore[return-value]

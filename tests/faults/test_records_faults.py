@@ -14,7 +14,7 @@ from conftest import REPO, run_inprocess, summary_of
 from fp8eval.records import read_arm, read_records
 from fp8eval.records.__main__ import main as records_cli
 from fp8eval.records.claims import Claims, claim_name
-from fp8eval.rundir import unique_dir
+from fp8eval.core.rundir import unique_dir
 
 # 6 samples (2 lengths x 3 depths) x 2 needles, half of the fp8 answers wrong: recovery well below 100 %.
 FAST = ["engine=fake", "task.lengths=[1024,2048]", "task.depths=[0,50,100]", "task.needles_per_cell=2",
@@ -120,7 +120,8 @@ def test_two_processes_on_one_arm_never_do_a_pair_twice(tmp_path):
     procs = [_cli(tmp_path, ["+engine.engine_args.fake_delay_s=0.05", f"kv={kv}"]) for kv in ("fp8", "fp8_e5m2")]
     outs = [p.communicate(timeout=240) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
-    sums = [json.loads((Path(o[0].strip().splitlines()[-1]) / "summary.json").read_text()) for o in outs]
+    # the run dir is printed relative to the command's cwd
+    sums = [json.loads((tmp_path / o[0].strip().splitlines()[-1] / "summary.json").read_text()) for o in outs]
     base = Path(sums[0]["arms"]["bf16"]["records"])
     view = read_arm(base, sums[0]["arms"]["bf16"]["fingerprint"], "niah")
     assert len(view.records) == 12 and view.ignored == {}
@@ -170,7 +171,7 @@ def test_torn_tail_is_set_aside_then_cut_by_its_writer(tmp_path):
 
 
 def test_run_directories_never_collide(tmp_path, monkeypatch):
-    from fp8eval import rundir
+    from fp8eval.core import rundir
 
     monkeypatch.setattr(rundir, "_CHOSEN", {})
     first = unique_dir(str(tmp_path / "runs" / "same-second"))

@@ -7,7 +7,7 @@ import time
 
 from conftest import run_cli
 
-from fp8eval.secrets import redact
+from fp8eval.core.secrets import redact
 
 
 def test_redact():
@@ -39,7 +39,7 @@ def test_hub_model_without_gpu_fails_fast_naming_the_engines(tmp_path):
 
 
 def test_unreachable_hub_is_detected_once_quickly(monkeypatch):
-    from fp8eval import hub
+    from fp8eval.core import hub
 
     for var in hub.OFFLINE_VARS:
         monkeypatch.delenv(var, raising=False)

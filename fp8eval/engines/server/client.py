@@ -24,12 +24,12 @@ from typing import Any
 
 from fp8eval.engines.base import Completion, EngineError, Request
 from fp8eval.engines.server.answers import BadAnswer, error_completion, parse_answer
-from fp8eval.secrets import redact
+from fp8eval.core.secrets import redact
 
 _CHAT_KEYS = ("temperature", "top_p", "max_tokens", "stop", "presence_penalty", "frequency_penalty")
 _EXTRA_KEYS = ("top_k", "min_p", "repetition_penalty")
 _RETRY_STATUS = {408, 409, 425, 429}
-_REQUEST_ERROR_STATUS = {400, 413, 422}
+REQUEST_ERROR_STATUS = {400, 413, 422}  # this request alone is bad
 
 
 def request_body(req: Request, model_id: str, token_ids: bool) -> tuple[str, dict[str, Any]]:
@@ -69,45 +69,88 @@ class Endpoint:
     def backoff(self, attempt: int) -> float:
         return min(self.backoff_cap_s, self.backoff_s * 2 ** attempt) * (0.5 + random.random() / 2)
 
-    async def send(self, http, req: Request) -> Completion:
-        """One request, retried as the module docstring says; never returns fewer than req.n choices."""
+    async def attempt(self, http, req: Request) -> Completion:
+        """One try at `req`: its Completion, or `Unreachable`, `HTTPStatusError`, `BadAnswer` (with the
+        usable part of the answer in `.partial` when there is one) or `WrongModel`."""
         import httpx
 
         path, body = request_body(req, self.model_id, self.token_ids)
-        last, answer_failed = "", False
+        started = time.monotonic()
+        try:
+            r = await http.post(self.root + path, json=body, headers=self.headers())
+        except httpx.HTTPError as exc:
+            raise Unreachable(f"{type(exc).__name__}: {redact(str(exc))}") from None
+        if r.status_code != 200:
+            raise HTTPStatusError(r.status_code, redact(r.text[:300]))
+        try:
+            parsed = json.loads(r.content)
+        except ValueError as exc:
+            raise BadAnswer(f"malformed body ({exc}): {r.text[:120]!r}") from None
+        chat = path.endswith("chat/completions")
+        latency = time.monotonic() - started
+        try:
+            return parse_answer(req, parsed, self.model_id, latency, chat=chat)
+        except BadAnswer as exc:
+            try:
+                exc.partial = parse_answer(req, parsed, self.model_id, latency, chat=chat, final=True)
+            except BadAnswer:
+                exc.partial = None
+            raise
+
+    async def send(self, http, req: Request) -> Completion:
+        """One request, retried as the module docstring says; never returns fewer than req.n choices."""
+        last = ""
         for attempt in range(self.max_retries + 1):
             final = attempt == self.max_retries
-            started = time.monotonic()
             try:
-                r = await http.post(self.root + path, json=body, headers=self.headers())
-            except httpx.HTTPError as exc:
-                last, answer_failed = f"{type(exc).__name__}: {redact(str(exc))}", False
-            else:
-                answer_failed = r.status_code == 200
-                if r.status_code == 200:
-                    try:
-                        parsed = json.loads(r.content)
-                    except ValueError as exc:
-                        last = f"malformed body ({exc}): {r.text[:120]!r}"
-                    else:
-                        try:
-                            return parse_answer(req, parsed, self.model_id, time.monotonic() - started,
-                                                chat=path.endswith("chat/completions"), final=final)
-                        except BadAnswer as exc:
-                            last = f"bad answer: {exc}"
-                elif r.status_code in _REQUEST_ERROR_STATUS:
-                    return error_completion(req, f"HTTP {r.status_code}: {redact(r.text[:300])}")
-                elif r.status_code >= 500 or r.status_code in _RETRY_STATUS:
-                    last = f"HTTP {r.status_code}: {redact(r.text[:200])}"
-                else:
+                return await self.attempt(http, req)
+            except Unreachable as exc:
+                last = str(exc)
+            except BadAnswer as exc:
+                last = f"unusable answer: {exc}"
+                if final:  # the server is up but its answers are not: errors, retried on the next run
+                    return final_answer(req, exc, attempt + 1)
+            except HTTPStatusError as exc:
+                if exc.status_code in REQUEST_ERROR_STATUS:
+                    return error_completion(req, f"HTTP {exc.status_code}: {exc.text}")
+                if not retryable_status(exc.status_code):
                     raise EngineError(
-                        f"The server refused request {req.id} with HTTP {r.status_code} ({redact(r.text[:300])}); "
-                        "stopping (this would fail every request). Records so far are kept.")
+                        f"The server refused request {req.id} with HTTP {exc.status_code} ({exc.text}); "
+                        "stopping (this would fail every request). Records so far are kept.") from None
+                last = f"HTTP {exc.status_code}: {exc.text[:200]}"
             if not final:
                 await asyncio.sleep(self.backoff(attempt))
-        if answer_failed:  # the server is up but its answers are unusable: errors, retried on the next run
-            return error_completion(req, f"unusable answer after {self.max_retries + 1} attempts: {last}")
         raise EngineError(
             f"Request {req.id} failed {self.max_retries + 1} times against {redact(self.root)} (last: {last}). "
             "Stopping; every completed record is kept, so rerunning the same command resumes where "
             "this run stopped.")
+
+
+class Unreachable(Exception):
+    """No answer at all: connection refused or reset, timeout."""
+
+
+class HTTPStatusError(Exception):
+    """An HTTP status other than 200 (`text`: the start of the body, redacted)."""
+
+    def __init__(self, status_code: int, text: str):
+        super().__init__(f"HTTP {status_code}: {text}")
+        self.status_code = status_code
+        self.text = text
+
+
+def retryable_status(status: int) -> bool:
+    """5xx, 429 and the other transient statuses: worth asking again."""
+    return status >= 500 or status in _RETRY_STATUS
+
+
+def final_answer(req: Request, exc: BadAnswer, attempts: int) -> Completion:
+    """After the last attempt: the usable choices of the last answer, errors for the rest."""
+    partial = getattr(exc, "partial", None)
+    return partial if partial is not None else error_completion(
+        req, f"unusable answer after {attempts} attempts: {exc}")
+
+
+def short_error(exc: BaseException) -> str:
+    """An exception's message, redacted and cut to 300 characters (for one-line error texts)."""
+    return redact(str(getattr(exc, "message", None) or exc))[:300]

@@ -23,12 +23,14 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from fp8eval.engines import async_bridge
 from fp8eval.engines import vllm_common as vc
 from fp8eval.engines.base import Completion, EngineError, Request
+from fp8eval.engines.server.answers import error_completion
 from fp8eval.engines.server.client import Endpoint
 from fp8eval.engines.server.managed import ManagedServerMixin
 from fp8eval.engines.server.preflight import PreflightMixin
-from fp8eval.secrets import redact
+from fp8eval.core.secrets import redact
 
 
 class ServerEngine(ManagedServerMixin, PreflightMixin):
@@ -168,31 +170,8 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
                     self._prefill[key] = self._prefill.get(key, 0.0) + value - before[key]
 
     def _generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
-        out: queue.Queue = queue.Queue()
-        stop = threading.Event()
-
-        def run() -> None:
-            try:
-                asyncio.run(self._produce(iter(requests), out, stop))
-            except BaseException as exc:  # noqa: BLE001 - handed to the consuming thread
-                out.put(("error", exc))
-            finally:
-                out.put(("end", None))
-
-        thread = threading.Thread(target=run, name="fp8eval-server-client", daemon=True)
-        thread.start()
-        try:
-            while True:
-                kind, item = out.get()
-                if kind == "completion":
-                    yield item
-                elif kind == "error":
-                    raise item
-                else:
-                    return
-        finally:
-            stop.set()
-            thread.join(timeout=30)
+        yield from async_bridge.iterate(lambda out, stop: self._produce(iter(requests), out, stop),
+                                        "fp8eval-server-client")
 
     def endpoint(self) -> Endpoint:
         """This engine's server as a client Endpoint (checked answers, retries)."""
@@ -200,13 +179,26 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
                         max_retries=self.max_retries, backoff_s=self.retry_backoff_s,
                         backoff_cap_s=self.retry_backoff_cap_s, token_ids=self._supports_token_ids)
 
-    async def _produce(self, requests: Iterator[Request], out: queue.Queue, stop: threading.Event) -> None:
+    def async_client(self):
+        """An httpx.AsyncClient for this server (close with `await client.aclose()`); no retries of its
+        own: `Endpoint.send` and the replica pool (fp8eval.engines.pool) retry."""
         import httpx
 
-        endpoint = self.endpoint()
-        http = httpx.AsyncClient(timeout=httpx.Timeout(self.request_timeout_s, connect=30.0),
+        return httpx.AsyncClient(timeout=httpx.Timeout(self.request_timeout_s, connect=30.0),
                                  limits=httpx.Limits(max_connections=self.concurrency,
                                                      max_keepalive_connections=self.concurrency))
+
+    async def call_once(self, client, req: Request) -> Completion:
+        """One checked attempt (`Endpoint.attempt`): the Completion, or Unreachable, HTTPStatusError,
+        BadAnswer or WrongModel for the caller's retry policy."""
+        return await self.endpoint().attempt(client, req)
+
+    def _error_completion(self, req: Request, message: str) -> Completion:
+        return error_completion(req, message)
+
+    async def _produce(self, requests: Iterator[Request], out: queue.Queue, stop: threading.Event) -> None:
+        endpoint = self.endpoint()
+        http = self.async_client()
         slots = asyncio.Semaphore(self.concurrency)
         tasks: set[asyncio.Task] = set()
         failure: list[BaseException] = []

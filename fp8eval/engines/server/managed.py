@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import socket
 
+from fp8eval.engines import attention
 from fp8eval.engines import vllm_common as vc
 from fp8eval.engines.base import EngineError
 
@@ -30,18 +31,21 @@ class ManagedServerMixin:
         vc.precheck_fp8_on_cpu(self.args)
         port = free_loopback_port()
         self.root = f"http://127.0.0.1:{port}"
-        flags = vc.engine_args_to_flags(self.args)
+        python = vc.vllm_python()
+        # engine.attention_backend: a flag for a vLLM that has it, else VLLM_ATTENTION_BACKEND.
+        launch_args, env = attention.for_launch(self.args, vc.child_env(vc.cpu_threads(e.threads, self.args)),
+                                                python)
+        flags = vc.engine_args_to_flags(launch_args)
         if e.served_model_name:
             flags += ["--served-model-name", str(e.served_model_name)]
         # Cached prompt tokens in usage (one prefill for n samples shows up there).
         if "--enable-prompt-tokens-details" not in e.extra_flags:
             flags.append("--enable-prompt-tokens-details")
-        python = vc.vllm_python()
         cmd = [python, "-m", SERVER_MODULE, "--host", "127.0.0.1", "--port", str(port), *flags,
                *[str(f) for f in e.extra_flags]]
         log_path = vc.log_dir(self.cfg) / f"vllm-server-{getattr(self.kv, 'name', 'arm')}-{port}.log"
         self.log_path = log_path
-        self._server = vc.ChildProcess(cmd, log_path, env=vc.child_env(vc.cpu_threads(e.threads, self.args)))
+        self._server = vc.ChildProcess(cmd, log_path, env=env)
         ok = vc.wait_until(self._healthy, float(e.startup_timeout_s), interval_s=1.0,
                            alive=self._server.alive)
         log = self._server.log_text()
