@@ -146,3 +146,24 @@ def test_runner_over_a_faulty_server_gives_the_clean_number(tmp_path, monkeypatc
     for key in ("score", "n_samples", "n_repeats", "n_records", "n_errors", "by_group"):
         assert arm_a[key] == arm_b[key], key
     assert arm_b["n_errors"] == 0 and arm_b["n_records"] == 18 and 0.3 < arm_b["score"] < 0.9
+
+
+def test_replica_pool_retries_broken_answers_too():
+    """The replica pool (fp8eval.engines.pool) uses the same checked attempt: broken answers are retried,
+    persistent ones kept as error choices, never lost."""
+    from fp8eval.engines.pool import build_server_engine
+
+    a, b = FakeOpenAIServer(), FakeOpenAIServer()
+    with a, b:
+        a.faults = ["malformed", "short_choices", "null_choice"]
+        b.faults = ["empty_choices", "500"]
+        cfg = make_cfg(None)
+        cfg.engine.base_urls = {"bf16": [a.url, b.url]}
+        pool = build_server_engine(cfg, BF16)
+        try:
+            got = {c.request_id: c for c in pool.generate(reqs(6, 2))}
+        finally:
+            pool.close()
+    assert sorted(got) == [f"q{i}" for i in range(6)]
+    for i in range(6):
+        assert [ch.text for ch in got[f"q{i}"].choices] == _expected(i, 2)
