@@ -18,11 +18,11 @@ from omegaconf.errors import InterpolationResolutionError
 from fp8eval.calibrate.config import CalibrationError
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.paths import CONF_DIR, display_path
+from fp8eval.core.secrets import redact_files
 from fp8eval.overrides import check_overrides
 from fp8eval.registry import register_configs
 from fp8eval.report import write_report
 from fp8eval.runner import Runner, format_table
-from fp8eval.core.secrets import redact_files
 
 register_configs()
 

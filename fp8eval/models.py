@@ -13,8 +13,8 @@ import shutil
 from pathlib import Path
 
 from fp8eval.config import ModelConfig
-from fp8eval.core.paths import cache_root
 from fp8eval.core.hub import prepare_offline
+from fp8eval.core.paths import cache_root
 from fp8eval.core.procs import pid_alive
 
 

@@ -13,23 +13,24 @@ from typing import Any
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+import fp8eval.shard as shards
 from fp8eval.arms import ArmSpec, resolve_arms
 from fp8eval.config import RunConfig, SamplingConfig
 from fp8eval.core.errors import Fp8evalError
+from fp8eval.core.reasoning import split_reasoning
+from fp8eval.core.seeds import derive_seed
 from fp8eval.engines import build_engine
-import fp8eval.shard as shards
 from fp8eval.engines.attention import check as check_attention_backend
 from fp8eval.engines.base import Request
-from fp8eval.core.reasoning import split_reasoning
-from fp8eval.records import RECORD_SCHEMA, ArmRecords, ArmStore, fingerprint_hash
-from fp8eval.core.seeds import derive_seed
 from fp8eval.engines.parallel import fingerprint_view
-from fp8eval.scoring.pool import Scorer, auto_workers
 from fp8eval.metrics.arm import arm_summary, paired_recovery
+from fp8eval.records import RECORD_SCHEMA, ArmRecords, ArmStore, fingerprint_hash
+from fp8eval.scoring.pool import Scorer, auto_workers
 from fp8eval.tasks import task_class
 from fp8eval.tasks.base import Prompt, Sample, SkipSample, Task, TaskContext
 from fp8eval.token_counts import TokenCountCache
 from fp8eval.validate import check_samples, check_task_config
+
 
 class RunError(Fp8evalError):
     """A run cannot proceed; the message says why and what to do."""

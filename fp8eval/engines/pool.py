@@ -28,8 +28,13 @@ from fp8eval.engines import vllm_common as vc
 from fp8eval.engines.base import Completion, EngineError, Request
 from fp8eval.engines.server import ServerEngine
 from fp8eval.engines.server.answers import BadAnswer
-from fp8eval.engines.server.client import (REQUEST_ERROR_STATUS, HTTPStatusError, Unreachable, final_answer,
-                                           retryable_status)
+from fp8eval.engines.server.client import (
+    REQUEST_ERROR_STATUS,
+    HTTPStatusError,
+    Unreachable,
+    final_answer,
+    retryable_status,
+)
 from fp8eval.engines.server.client import short_error as _short
 
 # Preflight fields every replica must share (cache_config is compared label by label).

@@ -12,8 +12,8 @@ from importlib import metadata
 from typing import Iterable, Iterator
 
 from fp8eval.config import KVConfig, RunConfig
-from fp8eval.engines.base import Choice, Completion, EngineError, Request
 from fp8eval.core.hub import known_offline_reason
+from fp8eval.engines.base import Choice, Completion, EngineError, Request
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 

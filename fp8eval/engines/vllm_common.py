@@ -21,8 +21,8 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from fp8eval.engines.base import EngineError
 from fp8eval.core.procs import set_parent_death_signal
+from fp8eval.engines.base import EngineError
 
 # Interpreter that runs vLLM (the offline worker and the managed server). Default: this one.
 VLLM_PYTHON_ENV = "FP8EVAL_VLLM_PYTHON"

@@ -20,6 +20,7 @@ import shutil
 import time
 from importlib import metadata
 from pathlib import Path
+
 from fp8eval.core.paths import cache_root
 from fp8eval.records.reader import arm_files
 from fp8eval.report.load import ReportInputError, _resolve_records_path

@@ -3,8 +3,6 @@ hub through `datasets` (imported lazily; an offline machine gets an error that s
 
 from __future__ import annotations
 
-from fp8eval.core.errors import Fp8evalError
-
 import csv
 import json
 import re
@@ -15,10 +13,10 @@ from typing import Any, Optional, Sequence
 from omegaconf import MISSING
 
 from fp8eval.config import TaskConfig
-from fp8eval.tasks.base import PROJECT_ROOT, TASK_DATA_ROOT, file_sha256
+from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.hub import prepare_offline
+from fp8eval.tasks.base import PROJECT_ROOT, TASK_DATA_ROOT, Prompt, file_sha256
 from fp8eval.validate import InputError, read_jsonl_rows
-from fp8eval.tasks.base import Prompt
 
 
 @dataclass

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run_inprocess, summary_of
 
+from fp8eval.core.rundir import unique_dir
 from fp8eval.records import read_arm, read_records
 from fp8eval.records.__main__ import main as records_cli
 from fp8eval.records.claims import Claims, claim_name
-from fp8eval.core.rundir import unique_dir
 
 # 6 samples (2 lengths x 3 depths) x 2 needles, half of the fp8 answers wrong: recovery well below 100 %.
 FAST = ["engine=fake", "task.lengths=[1024,2048]", "task.depths=[0,50,100]", "task.needles_per_cell=2",

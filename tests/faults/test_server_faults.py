@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from conftest import run_inprocess  # noqa: E402
 from fake_openai_server import FakeOpenAIServer, answer_for  # noqa: E402
 
-from conftest import run_inprocess  # noqa: E402
 from fp8eval.config import EngineConfig, KVConfig, ModelConfig, RunConfig, TaskConfig  # noqa: E402
 from fp8eval.engines.base import EngineError, Request  # noqa: E402
 from fp8eval.engines.server import ServerEngine, WrongModel  # noqa: E402

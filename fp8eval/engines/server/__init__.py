@@ -8,8 +8,14 @@
 """
 
 from fp8eval.engines.server.answers import BadAnswer, WrongModel, error_completion, parse_answer
-from fp8eval.engines.server.client import (Endpoint, HTTPStatusError, Unreachable, final_answer, request_body,
-                                           short_error)
+from fp8eval.engines.server.client import (
+                                           Endpoint,
+                                           HTTPStatusError,
+                                           Unreachable,
+                                           final_answer,
+                                           request_body,
+                                           short_error,
+)
 from fp8eval.engines.server.engine import ServerEngine
 from fp8eval.engines.server.managed import SERVER_MODULE, free_loopback_port
 from fp8eval.engines.server.preflight import VOLATILE_CACHE_LABELS, cache_config_info_line, parse_cache_config_info

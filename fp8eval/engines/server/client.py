@@ -22,9 +22,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from fp8eval.core.secrets import redact
 from fp8eval.engines.base import Completion, EngineError, Request
 from fp8eval.engines.server.answers import BadAnswer, error_completion, parse_answer
-from fp8eval.core.secrets import redact
 
 _CHAT_KEYS = ("temperature", "top_p", "max_tokens", "stop", "presence_penalty", "frequency_penalty")
 _EXTRA_KEYS = ("top_k", "min_p", "repetition_penalty")

@@ -23,6 +23,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from fp8eval.core.secrets import redact
 from fp8eval.engines import async_bridge
 from fp8eval.engines import vllm_common as vc
 from fp8eval.engines.base import Completion, EngineError, Request
@@ -30,7 +31,6 @@ from fp8eval.engines.server.answers import error_completion
 from fp8eval.engines.server.client import Endpoint
 from fp8eval.engines.server.managed import ManagedServerMixin
 from fp8eval.engines.server.preflight import PreflightMixin
-from fp8eval.core.secrets import redact
 
 
 class ServerEngine(ManagedServerMixin, PreflightMixin):
