@@ -205,6 +205,8 @@ def main(argv: list[str] | None = None) -> int:
         "killed": kills, "resumed": {"wall_s": b["wall_s"],
                                      "requests_sent": {k: v["requests_sent"] for k, v in sb["arms"].items()}},
         "calls_b": {k: s.generation_calls for k, s in servers.items()},
+        # generation calls the killed runs made whose answers were never written (in flight or waiting)
+        "extra_calls_b_vs_a": sum(s.generation_calls for s in servers.values()) - sum(calls_a.values()),
         "faults_b": {k: s.fault_counts for k, s in servers.items()},
         "exactly_once": once, "score": {k: v["score"] for k, v in sb["arms"].items()},
         "recovery": sb["recovery"]["overall"], "summary_diffs": diffs, "ok": ok,

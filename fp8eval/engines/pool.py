@@ -233,7 +233,9 @@ class PoolEngine:
         try:
             while (pending or tasks or waiting[0]) and not stop.is_set():
                 live = self._live()
-                while pending:
+                # Backpressure: no new request while the runner has that many answers it has not written
+                # (a crash then loses about what is in flight, not a backlog).
+                while pending and out.qsize() < self.concurrency * max(1, len(live)):
                     free = [r for r in live if r.in_flight < self.concurrency]
                     if not free:
                         break

@@ -214,6 +214,10 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
         try:
             for req in requests:
                 await slots.acquire()
+                # Backpressure: no new request while the runner has `concurrency` answers it has not
+                # written yet, so a crash loses at most ~2 x concurrency answers, not a backlog.
+                while out.qsize() >= self.concurrency and not (failure or stop.is_set()):
+                    await asyncio.sleep(0.005)
                 if failure or stop.is_set():
                     slots.release()
                     break
