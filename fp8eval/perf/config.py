@@ -40,6 +40,9 @@ class PerfSettings:
     prefix_caching: bool = False  # managed servers: --no-enable-prefix-caching unless true
     vocab_size: Optional[int] = None  # for built-in token-id prompts; default from the model's config.json
     request_timeout_s: float = 1800.0
+    # Start every arm's server at once (shorter wall time); each must then get its share of the device,
+    # e.g. +engine.engine_args.kv_cache_memory_bytes=... and gpu_memory_utilization=0.45.
+    parallel_start: bool = False
     plots: bool = True
 
 

@@ -131,39 +131,78 @@ def run(cfg, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any
                               "client": client, "baseline": names[0], "variant": cfg.kv.name, "arms": {},
                               "settings": _settings(p), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     tokenizer = None
-    for name in names:
-        kv = kvs[name]
-        t0 = time.monotonic()
-        arm = None
-        try:
-            arm = open_arm(acfg, kv)
-            log(f"[perf] {name}: server ready at {arm.url} ({time.monotonic() - t0:.0f} s), "
-                f"KV capacity {arm.capacity.get('tokens')} tokens")
-            m = Measurer(client, bench_dir, cfg.seed, model_vocab(arm.engine.args.get("model"), p.vocab_size),
-                         p.request_timeout_s)
-            tokenizer = tokenizer or arm.tokenizer
-            result["arms"][name] = measure_arm(arm, m, p, log)
-        except (EngineError, LoadError, PerfError, ValueError, OSError) as exc:
-            log(f"[perf] {name}: FAILED: {exc}")
-            result["arms"][name] = {"error": f"{type(exc).__name__}: {exc}"}
-        finally:
-            if arm is not None:
-                arm.close()
-        result["arms"][name]["wall_s"] = round(time.monotonic() - t0, 1)
+    opened = _open_all(acfg, names, kvs, log) if p.parallel_start else {}
+    try:
+        for name in names:
+            t0 = time.monotonic()
+            arm = None
+            try:
+                arm = opened.pop(name) if p.parallel_start else _open_one(acfg, kvs[name], log)
+                if isinstance(arm, BaseException):
+                    raise arm
+                m = Measurer(client, bench_dir, cfg.seed, model_vocab(arm.engine.args.get("model"), p.vocab_size),
+                             p.request_timeout_s)
+                tokenizer = tokenizer or arm.tokenizer
+                result["arms"][name] = measure_arm(arm, m, p, log)
+            except Exception as exc:  # noqa: BLE001 - an arm that cannot run is recorded; the others go on
+                log(f"[perf] {name}: FAILED: {exc}")
+                result["arms"][name] = {"error": f"{type(exc).__name__}: {exc}"}
+            finally:
+                if isinstance(arm, Arm):
+                    arm.close()
+            result["arms"][name]["wall_s"] = round(time.monotonic() - t0, 1)
+            _write(result, run_dir)  # after every arm: a run stopped by a time limit keeps what it measured
+    finally:
+        for left in opened.values():  # servers started but never measured (an earlier error)
+            if isinstance(left, Arm):
+                left.close()
     if p.measure_client_overhead:
         try:
             result["client_overhead"] = client_overhead(
                 Measurer(client, bench_dir, cfg.seed, 32000, p.request_timeout_s), p, tokenizer, log)
         except (LoadError, OSError) as exc:
             result["client_overhead"] = {"error": str(exc)}
-    _derive(result)
-    (run_dir / "perf.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     if p.plots:
         from fp8eval.perf.plots import write_plots
 
+        _derive(result)
         result["plots"] = write_plots(result, run_dir)
-        (run_dir / "perf.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    _write(result, run_dir)
     return result
+
+
+def _write(result: dict[str, Any], run_dir: Path) -> None:
+    _derive(result)
+    tmp = run_dir / "perf.json.tmp"
+    tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    tmp.replace(run_dir / "perf.json")
+
+
+def _open_one(acfg, kv, log: Callable[[str], None]) -> Arm:
+    t0 = time.monotonic()
+    arm = open_arm(acfg, kv)
+    log(f"[perf] {kv.name}: server ready at {arm.url} ({time.monotonic() - t0:.0f} s), "
+        f"KV capacity {arm.capacity.get('tokens')} tokens")
+    return arm
+
+
+def _open_all(acfg, names: list[str], kvs: dict, log: Callable[[str], None]) -> dict[str, Arm | BaseException]:
+    """Start every arm's server at once (their start-ups overlap; the measurements stay one at a time).
+    Each server must then be given its share of the accelerator (gpu_memory_utilization /
+    kv_cache_memory_bytes), which the caller sets."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from fp8eval.engines import vllm_common
+
+    # Signal handlers that stop the servers can only be installed from the main thread.
+    vllm_common._install_handlers()
+    with ThreadPoolExecutor(max_workers=len(names)) as pool:
+        futures = {n: pool.submit(_open_one, acfg, kvs[n], log) for n in names}
+    out: dict[str, Arm | BaseException] = {}
+    for n, f in futures.items():
+        exc = f.exception()
+        out[n] = exc if exc is not None else f.result()
+    return out
 
 
 def _settings(p) -> dict[str, Any]:

@@ -34,6 +34,9 @@ def write_report(paths: Iterable[Path], out: Path | None = None, *, n_boot: int 
     if cache:
         settings = {"n_boot": n_boot, "level": level, "seed": seed, "strict": strict,
                     "thresholds": dict(sorted(thresholds.items()))}
+        from fp8eval.report.worth import perf_key
+
+        settings["perf"] = perf_key(paths)  # a new or changed perf.json rebuilds the "worth it?" view
         run_dirs = find_run_dirs(paths)
         key = report_cache.report_key(run_dirs, settings)
         if key and report_cache.restore(key, run_dirs, out):

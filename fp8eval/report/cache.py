@@ -21,7 +21,8 @@ import time
 from importlib import metadata
 from pathlib import Path
 
-OUTPUTS = ("recovery.csv", "flips.csv", "arms.csv", "report.md", "index.html", "verdicts.json", "figures")
+OUTPUTS = ("recovery.csv", "flips.csv", "arms.csv", "report.md", "index.html", "verdicts.json", "worth.json",
+           "figures")
 TEXT_SUFFIXES = (".md", ".html", ".json", ".csv")
 KEEP = 32
 _VOLATILE_RUN = ("wall_s",)
