@@ -35,14 +35,16 @@ def _median(values: list[float]) -> float | None:
 
 
 def point(batch: Batch) -> dict[str, Any]:
-    """One sweep point: the median of every inter-token gap of its requests (as vllm bench's median ITL;
-    a late wake-up of the client or server moves one gap, not the point), their mean, median TTFT."""
+    """One sweep point. itl_ms = the median over its requests of each request's mean inter-token latency
+    (vllm bench's TPOT: decode time / (tokens - 1)); a late wake-up of client or server shifts one gap by
+    its delay but a request's mean only by delay / (tokens - 1). median_gap_ms = median of every gap."""
     ok = [s for s in batch.samples if s.ok]
     gaps = [g for s in ok for g in s.itl_ms]
+    per_request = [sum(s.itl_ms) / len(s.itl_ms) for s in ok if s.itl_ms]
     return {
         "input_tokens": int(statistics.median([s.input_len for s in ok])) if ok else None,
-        "itl_ms": _round(_median(gaps)),
-        "mean_itl_ms": _round(sum(gaps) / len(gaps) if gaps else None),
+        "itl_ms": _round(_median(per_request)),
+        "median_gap_ms": _round(_median(gaps)),
         "ttft_ms": _round(_median([s.ttft_ms for s in ok])),
         "output_tokens": int(statistics.median([s.output_len for s in ok])) if ok else None,
         "n": len(ok),

@@ -130,6 +130,9 @@ def run(cfg, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any
     result: dict[str, Any] = {"schema": PERF_SCHEMA, "model": cfg.model.name, "dummy_weights": bool(p.dummy_weights),
                               "client": client, "baseline": names[0], "variant": cfg.kv.name, "arms": {},
                               "settings": _settings(p), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    if p.measure_client_overhead and client == "builtin":
+        # First, so a run stopped by a time limit still has it (it needs no server of the arm's).
+        result["client_overhead"] = _overhead_or_error(client, bench_dir, cfg.seed, p, None, log)
     tokenizer = None
     opened = _open_all(acfg, names, kvs, log) if p.parallel_start else {}
     try:
@@ -156,12 +159,9 @@ def run(cfg, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any
         for left in opened.values():  # servers started but never measured (an earlier error)
             if isinstance(left, Arm):
                 left.close()
-    if p.measure_client_overhead:
-        try:
-            result["client_overhead"] = client_overhead(
-                Measurer(client, bench_dir, cfg.seed, 32000, p.request_timeout_s), p, tokenizer, log)
-        except (LoadError, OSError) as exc:
-            result["client_overhead"] = {"error": str(exc)}
+    if p.measure_client_overhead and client != "builtin":
+        # vllm bench draws prompts through the model's tokenizer, known once an arm has started.
+        result["client_overhead"] = _overhead_or_error(client, bench_dir, cfg.seed, p, tokenizer, log)
     if p.plots:
         from fp8eval.perf.plots import write_plots
 
@@ -169,6 +169,13 @@ def run(cfg, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any
         result["plots"] = write_plots(result, run_dir)
     _write(result, run_dir)
     return result
+
+
+def _overhead_or_error(client, bench_dir, seed, p, tokenizer, log) -> dict[str, Any] | None:
+    try:
+        return client_overhead(Measurer(client, bench_dir, seed, 32000, p.request_timeout_s), p, tokenizer, log)
+    except (LoadError, OSError) as exc:
+        return {"error": str(exc)}
 
 
 def _write(result: dict[str, Any], run_dir: Path) -> None:
