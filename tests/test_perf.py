@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import os
 import subprocess
@@ -11,8 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fp8eval.perf import break_even, fit_line, fit_quadratic
-from fp8eval.perf import analysis
+from fp8eval.perf import analysis, break_even, fit_line, fit_quadratic
 from fp8eval.perf.arms import capacity_from, model_vocab
 from fp8eval.perf.client import parse_vllm_bench, vllm_bench_command
 from fp8eval.perf.fake_server import FakeServer, FakeSettings, LatencyLaw
@@ -62,7 +62,7 @@ def test_fit_quadratic_recovers_coefficients():
 def test_sweep_lengths_and_throughput_shape():
     lengths = analysis.sweep_lengths(256, 130000, 8)
     assert lengths[0] == 256 and lengths[-1] == 130000 and len(lengths) == 8
-    ratios = [b / a for a, b in zip(lengths, lengths[1:])]
+    ratios = [b / a for a, b in itertools.pairwise(lengths)]
     assert max(ratios) / min(ratios) < 1.01  # log-spaced
     assert analysis.throughput_shape(20000, 2000, 0.15, 131072) == (20000, 2000, 1.0)
     tin, tout, scale = analysis.throughput_shape(20000, 2000, 0.15, 8192)
@@ -189,7 +189,7 @@ def test_vllm_cpu_dummy_weights_end_to_end(tmp_path, monkeypatch):
 
 # --- the joined "worth it?" report view ------------------------------------------------------------------
 def _perf_fixture(model: str, be_slopes=(4.37e-5, 2.37e-5)) -> dict:
-    arm = lambda slope, icpt, cap, tps: {  # noqa: E731
+    arm = lambda slope, icpt, cap, tps: {
         "itl_fit": {"slope_ms_per_token": slope, "intercept_ms": icpt, "r2": 0.99},
         "ttft_fit": {"a": 20.0, "b": 0.05, "c": 1e-7}, "points": [],
         "throughput": {"output_tok_s": tps, "median_itl_ms": 9.0, "requests": 150}, "kv_capacity_tokens": cap}

@@ -6,4 +6,4 @@
 
 from fp8eval.perf.fits import break_even, fit_line, fit_quadratic
 
-__all__ = ["fit_line", "break_even", "fit_quadratic"]
+__all__ = ["break_even", "fit_line", "fit_quadratic"]

@@ -18,7 +18,7 @@ def sweep_lengths(min_input: int, max_input: int, points: int) -> list[int]:
     if points <= 1 or max_input == min_input:
         return [min_input]
     ratio = (max_input / min_input) ** (1.0 / (points - 1))
-    return sorted({int(round(min_input * ratio ** i)) for i in range(points)})
+    return sorted({round(min_input * ratio ** i) for i in range(points)})
 
 
 def throughput_shape(input_len: int, output_len: int, jitter: float, max_model_len: int) -> tuple[int, int, float]:

@@ -139,7 +139,7 @@ def vllm_bench_available(python: str | None = None) -> bool:
     python = python or bench_python()
     code = "import importlib.util as u, sys; sys.exit(0 if u.find_spec('vllm.benchmarks.serve') else 1)"
     try:
-        return subprocess.run([python, "-c", code], capture_output=True, timeout=60).returncode == 0
+        return subprocess.run([python, "-c", code], capture_output=True, timeout=60, check=False).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
 
@@ -199,7 +199,8 @@ def run_vllm_bench(url: str, model: str, *, input_len: int, output_len: int, num
     env.setdefault("VLLM_NO_USAGE_STATS", "1")
     with open(log, "wb") as fh:
         try:
-            rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=timeout_s).returncode
+            rc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env, timeout=timeout_s,
+                                check=False).returncode
         except subprocess.TimeoutExpired:
             raise LoadError(f"`vllm bench serve` ran past {timeout_s:.0f} s ({log})") from None
     if rc != 0 or not result.is_file():
@@ -217,5 +218,14 @@ def pick_client(wanted: str) -> str:
     return "vllm_bench" if vllm_bench_available() else "builtin"
 
 
-__all__ = ["Batch", "Sample", "LoadError", "run_builtin", "run_vllm_bench", "pick_client", "token_prompts",
-           "parse_vllm_bench", "vllm_bench_command"]
+__all__ = [
+    "Batch",
+    "LoadError",
+    "Sample",
+    "parse_vllm_bench",
+    "pick_client",
+    "run_builtin",
+    "run_vllm_bench",
+    "token_prompts",
+    "vllm_bench_command",
+]

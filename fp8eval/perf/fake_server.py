@@ -24,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Self
 
 
 @dataclass
@@ -81,7 +82,7 @@ class _Handler(BaseHTTPRequestHandler):
         # Without this, Nagle's algorithm holds small SSE chunks back and adds tens of ms to "ITL".
         self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
-    def log_message(self, format, *args):  # noqa: A002 - silence per-request logging
+    def log_message(self, format, *args):
         pass
 
     def _json(self, obj, status: int = 200) -> None:
@@ -92,7 +93,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def do_GET(self):  # noqa: N802 - http.server's naming
+    def do_GET(self):
         s = self.settings
         if self.path == "/health":
             self._json({})
@@ -119,7 +120,7 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._json({"error": "not found"}, 404)
 
-    def do_POST(self):  # noqa: N802
+    def do_POST(self):
         arrived = time.perf_counter()
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
         if self.path == "/tokenize":
@@ -179,7 +180,7 @@ class FakeServer:
         self.url = f"http://{host}:{self.httpd.server_address[1]}"
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="fake-perf-server", daemon=True)
 
-    def start(self) -> "FakeServer":
+    def start(self) -> Self:
         self._thread.start()
         return self
 
@@ -187,7 +188,7 @@ class FakeServer:
         self.httpd.shutdown()
         self.httpd.server_close()
 
-    def __enter__(self) -> "FakeServer":
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc) -> None:

@@ -6,13 +6,20 @@ from __future__ import annotations
 import json
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
-from fp8eval.engines.base import EngineError
 from fp8eval.perf import analysis
-from fp8eval.perf.arms import Arm, PerfError, model_vocab, open_arm, perf_cfg
-from fp8eval.perf.client import Batch, LoadError, pick_client, run_builtin, run_vllm_bench, token_prompts
+from fp8eval.perf.arms import Arm, model_vocab, open_arm, perf_cfg
+from fp8eval.perf.client import (
+    Batch,
+    LoadError,
+    pick_client,
+    run_builtin,
+    run_vllm_bench,
+    token_prompts,
+)
 from fp8eval.perf.fake_server import FakeServer, FakeSettings, LatencyLaw
 
 PERF_SCHEMA = 1

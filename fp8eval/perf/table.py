@@ -13,8 +13,8 @@ def format_table(result: dict[str, Any]) -> str:
     """One row per arm: ITL fit, TTFT fit, throughput, KV capacity; break-even and overhead below."""
     head = (f"{'arm':<14} {'ITL slope ms/tok':>17} {'ITL icpt ms':>11} {'R²':>6} {'TTFT(c) ms/tok²':>16} "
             f"{'tok/s @c8':>10} {'med ITL ms':>10} {'KV tokens':>11} {'gain':>6} {'break-even':>11}")
-    lines = [f"fp8eval.perf: {result['model']} ({'dummy weights' if result.get('dummy_weights') else 'weights'}; "
-             f"client {result['client']})", head, "-" * len(head)]
+    weights = "dummy weights" if result.get("dummy_weights") else "weights"
+    lines = [f"fp8eval.perf: {result['model']} ({weights}; client {result['client']})", head, "-" * len(head)]
     for name, arm in result["arms"].items():
         if "error" in arm:
             lines.append(f"{name:<14} FAILED: {arm['error'][:200]}")

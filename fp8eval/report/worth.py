@@ -135,8 +135,8 @@ def markdown(entries: list[dict[str, Any]]) -> str:
     if not entries:
         return ""
     lines = ["## Is FP8 KV worth it? (speed from perf.json beside recovery)", "",
-             "ITL/TTFT change = the variant's fitted latency at the bucket's context over the baseline's, "
-             "minus 1 (negative: FP8 faster). Speed from `python -m fp8eval.perf` (docs/perf.md).", ""]
+             ("ITL/TTFT change = the variant's fitted latency at the bucket's context over the baseline's, "
+              "minus 1 (negative: FP8 faster). Speed from `python -m fp8eval.perf` (docs/perf.md)."), ""]
     for e in entries:
         lines.append(f"### {e['model']} · {e['variant']} vs {e['baseline']}"
                      + (" (speed on dummy weights)" if e.get("dummy_weights") else ""))
@@ -164,8 +164,8 @@ def html_section(entries: list[dict[str, Any]]) -> str:
         return ""
     esc = html.escape
     parts = ["<h2>Is FP8 KV worth it?</h2>",
-             "<p class='note'>Speed from perf.json (python -m fp8eval.perf) beside recovery per context bucket; "
-             "ITL change &lt; 0 means FP8 is faster at that context.</p>"]
+             ("<p class='note'>Speed from perf.json (python -m fp8eval.perf) beside recovery per context bucket; "
+              "ITL change &lt; 0 means FP8 is faster at that context.</p>")]
     for e in entries:
         parts.append(f"<h3>{esc(e['model'])} · {esc(e['variant'])} vs {esc(str(e['baseline']))}</h3>")
         parts.append(f"<p class='decision'><b>{esc(e['verdict'])}.</b></p>")
