@@ -130,6 +130,14 @@ def _pct(x, signed: bool = False) -> str:
     return f"{x:+.1f} %" if signed else f"{x:.1f} %"
 
 
+BUCKET_COLUMNS = ("task", "bucket", "tokens", "recovery", "CI low", "n", "ITL change", "TTFT change")
+
+
+def _bucket_cells(b: dict[str, Any]) -> list[str]:
+    return [str(b["task"]), str(b["bucket"]), f"{b['tokens']:,.0f}", _pct(b["recovery_pct"]), _pct(b["ci_low"]),
+            str(b["n"]), _pct(b["itl_change_pct"], True), _pct(b["ttft_change_pct"], True)]
+
+
 def markdown(entries: list[dict[str, Any]]) -> str:
     """The report.md section (empty string when there is no perf.json)."""
     if not entries:
@@ -148,12 +156,8 @@ def markdown(entries: list[dict[str, Any]]) -> str:
                      f"{'–' if cap is None else f'{cap:.2f}x'} · throughput change: "
                      f"{_pct(e.get('throughput_change_pct'), True)} · perf.json: `{e['perf_json']}`")
         if e["buckets"]:
-            lines += ["", "| task | bucket | tokens | recovery | CI low | n | ITL change | TTFT change |",
-                      "|---|---|---:|---:|---:|---:|---:|---:|"]
-            for b in e["buckets"]:
-                lines.append(f"| {b['task']} | {b['bucket']} | {b['tokens']:,.0f} | {_pct(b['recovery_pct'])} | "
-                             f"{_pct(b['ci_low'])} | {b['n']} | {_pct(b['itl_change_pct'], True)} | "
-                             f"{_pct(b['ttft_change_pct'], True)} |")
+            lines += ["", "| " + " | ".join(BUCKET_COLUMNS) + " |", "|---|---|" + "---:|" * (len(BUCKET_COLUMNS) - 2)]
+            lines += ["| " + " | ".join(_bucket_cells(b)) + " |" for b in e["buckets"]]
         lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -170,12 +174,8 @@ def html_section(entries: list[dict[str, Any]]) -> str:
         parts.append(f"<h3>{esc(e['model'])} · {esc(e['variant'])} vs {esc(str(e['baseline']))}</h3>")
         parts.append(f"<p class='decision'><b>{esc(e['verdict'])}.</b></p>")
         if e["buckets"]:
-            parts.append("<table><thead><tr><th>task</th><th>bucket</th><th>recovery</th><th>ITL change</th>"
-                         "<th>TTFT change</th></tr></thead><tbody>")
-            for b in e["buckets"]:
-                parts.append(f"<tr><td>{esc(b['task'])}</td><td>{esc(b['bucket'])}</td>"
-                             f"<td>{_pct(b['recovery_pct'])}</td><td>{_pct(b['itl_change_pct'], True)}</td>"
-                             f"<td>{_pct(b['ttft_change_pct'], True)}</td></tr>")
+            parts.append("<table><thead><tr>" + "".join(f"<th>{c}</th>" for c in BUCKET_COLUMNS) + "</tr></thead><tbody>")
+            parts += ["<tr>" + "".join(f"<td>{esc(c)}</td>" for c in _bucket_cells(b)) + "</tr>" for b in e["buckets"]]
             parts.append("</tbody></table>")
     return "\n".join(parts) + "\n"
 
