@@ -163,6 +163,36 @@ def test_failed_arm_is_recorded_not_fatal(tmp_path):
     assert result["arms"]["bf16"]["itl_fit"] is not None and result["break_even_tokens"] is None
 
 
+def test_managed_servers_started_together_stay_up(tmp_path, monkeypatch):
+    """perf.parallel_start with managed servers (a stand-in for vLLM's Python that runs the fake server):
+    both arms start at once and stay alive until measured (a server dies with the thread that started
+    it, so the starting threads must outlive the servers)."""
+    from fp8eval.perf.run import run
+
+    wrapper = tmp_path / "python"
+    wrapper.write_text(
+        f"#!{sys.executable}\n"
+        "import os, sys\n"
+        "if sys.argv[1:3] == ['-m', 'vllm.entrypoints.openai.api_server']:\n"
+        "    from fp8eval.perf.fake_server import main\n"
+        "    main(sys.argv[3:] + ['--itl-a-ms', '2'])\n"
+        "else:\n"
+        f"    os.execv({sys.executable!r}, [{sys.executable!r}, *sys.argv[1:]])\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("FP8EVAL_VLLM_PYTHON", str(wrapper))
+    cfg = compose_perf(["kv=fp8", "perf.parallel_start=true", "perf.client=builtin", "perf.lengths=[128,256]",
+                        "perf.sweep_requests=1", "perf.sweep_output_tokens=4", "perf.warmup_requests=0",
+                        "perf.throughput=false", "perf.measure_client_overhead=false", "perf.plots=false",
+                        "perf.dummy_weights=true", "engine.startup_timeout_s=60", f"engine.log_dir={tmp_path}"])
+    result = run(cfg, tmp_path, log=lambda m: None)
+    for name in ("bf16", "fp8"):
+        arm = result["arms"][name]
+        assert "error" not in arm, arm
+        assert all(p["n_errors"] == 0 and p["n"] == 1 for p in arm["points"]), arm["points"]
+        assert arm["server"]["mode"] == "managed"
+    assert result["capacity_gain"] == 1.0  # the stand-in reports the same blocks for both
+
+
 VLLM_ENV_PYTHON = os.environ.get("FP8EVAL_VLLM_PYTHON")
 
 

@@ -200,13 +200,15 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--model", default="fake-model")
+    # vLLM's own names are accepted too (--served-model-name, --kv-cache-dtype) and other vLLM flags are
+    # ignored, so this can stand in for `python -m vllm.entrypoints.openai.api_server` in tests.
+    p.add_argument("--model", "--served-model-name", dest="model", default="fake-model")
     p.add_argument("--max-model-len", type=int, default=32768)
-    p.add_argument("--cache-dtype", default="auto")
+    p.add_argument("--cache-dtype", "--kv-cache-dtype", dest="cache_dtype", default="auto")
     p.add_argument("--num-gpu-blocks", type=int, default=4096)
     for name in ("itl-a-ms", "itl-b-ms", "ttft-a-ms", "ttft-b-ms", "ttft-c-ms"):
         p.add_argument(f"--{name}", type=float, default=0.0)
-    a = p.parse_args(argv)
+    a, _ = p.parse_known_args(argv)
     law = LatencyLaw(a.itl_a_ms, a.itl_b_ms, a.ttft_a_ms, a.ttft_b_ms, a.ttft_c_ms)
     srv = FakeServer(FakeSettings(a.model, a.max_model_len, a.cache_dtype, 16, a.num_gpu_blocks, law), a.host, a.port)
     print(srv.url, flush=True)

@@ -141,7 +141,7 @@ def run(cfg, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any
         # First, so a run stopped by a time limit still has it (it needs no server of the arm's).
         result["client_overhead"] = _overhead_or_error(client, bench_dir, cfg.seed, p, None, log)
     tokenizer = None
-    opened = _open_all(acfg, names, kvs, log) if p.parallel_start else {}
+    opened, pool = _open_all(acfg, names, kvs, log) if p.parallel_start else ({}, None)
     try:
         for name in names:
             t0 = time.monotonic()
@@ -166,6 +166,8 @@ def run(cfg, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any
         for left in opened.values():  # servers started but never measured (an earlier error)
             if isinstance(left, Arm):
                 left.close()
+        if pool is not None:
+            pool.shutdown(wait=True)
     if p.measure_client_overhead and client != "builtin":
         # vllm bench draws prompts through the model's tokenizer, known once an arm has started.
         result["client_overhead"] = _overhead_or_error(client, bench_dir, cfg.seed, p, tokenizer, log)
@@ -200,23 +202,25 @@ def _open_one(acfg, kv, log: Callable[[str], None]) -> Arm:
     return arm
 
 
-def _open_all(acfg, names: list[str], kvs: dict, log: Callable[[str], None]) -> dict[str, Arm | BaseException]:
+def _open_all(acfg, names: list[str], kvs: dict, log: Callable[[str], None]):
     """Start every arm's server at once (their start-ups overlap; the measurements stay one at a time).
     Each server must then be given its share of the accelerator (gpu_memory_utilization /
-    kv_cache_memory_bytes), which the caller sets."""
+    kv_cache_memory_bytes), which the caller sets. Returns ({name: Arm or the exception}, pool): the
+    pool's threads must outlive the servers, because a server dies with the THREAD that started it
+    (PR_SET_PDEATHSIG in fp8eval.engines.vllm_common); shut the pool down after closing them."""
     from concurrent.futures import ThreadPoolExecutor
 
     from fp8eval.engines import vllm_common
 
     # Signal handlers that stop the servers can only be installed from the main thread.
     vllm_common._install_handlers()
-    with ThreadPoolExecutor(max_workers=len(names)) as pool:
-        futures = {n: pool.submit(_open_one, acfg, kvs[n], log) for n in names}
+    pool = ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="perf-start")
+    futures = {n: pool.submit(_open_one, acfg, kvs[n], log) for n in names}
     out: dict[str, Arm | BaseException] = {}
     for n, f in futures.items():
         exc = f.exception()
         out[n] = exc if exc is not None else f.result()
-    return out
+    return out, pool
 
 
 def _settings(p) -> dict[str, Any]:
