@@ -28,7 +28,8 @@ def main(cfg: DictConfig) -> None:
     print()
     print(format_table(result))
     print(run_dir)
-    if not any("error" not in a for a in result["arms"].values()):
+    measured = [a for a in result["arms"].values() if any(p.get("n") for p in a.get("points") or [])]
+    if not measured:  # every arm failed to start, or every request failed: say so in the exit status
         sys.exit(2)
 
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 from omegaconf import MISSING
 
@@ -15,16 +14,16 @@ class PerfSettings:
     # Build the model from a config.json with random weights (vLLM load_format=dummy, no tokenizer):
     # speed needs no weights. The config comes from conf/perf_models/<model.name>/ unless config_dir is set.
     dummy_weights: bool = False
-    config_dir: Optional[str] = None
+    config_dir: str | None = None
     # Load generator: auto (vllm bench serve where vLLM is importable, else builtin) | vllm_bench | builtin
     client: str = "auto"
     # kv options measured, in order; empty = [baseline, kv.name]
     arms: list[str] = field(default_factory=list)
     # --- latency sweep: concurrency 1, log-spaced input lengths ---
-    lengths: Optional[list[int]] = None  # explicit input lengths (overrides the three below)
+    lengths: list[int] | None = None  # explicit input lengths (overrides the three below)
     sweep_points: int = 8
     min_input: int = 256
-    max_input: Optional[int] = None  # default: max_model_len - sweep_output_tokens - 64
+    max_input: int | None = None  # default: max_model_len - sweep_output_tokens - 64
     sweep_output_tokens: int = 128
     sweep_requests: int = 3  # per length; the point is the median over them
     warmup_requests: int = 2  # sent (and discarded) before the sweep of each arm
@@ -38,7 +37,7 @@ class PerfSettings:
     # --- honesty ---
     measure_client_overhead: bool = True  # the same client against a zero-latency fake server
     prefix_caching: bool = False  # managed servers: --no-enable-prefix-caching unless true
-    vocab_size: Optional[int] = None  # for built-in token-id prompts; default from the model's config.json
+    vocab_size: int | None = None  # for built-in token-id prompts; default from the model's config.json
     request_timeout_s: float = 1800.0
     # Start every arm's server at once (shorter wall time); each must then get its share of the device,
     # e.g. +engine.engine_args.kv_cache_memory_bytes=... and gpu_memory_utilization=0.45.

@@ -18,12 +18,18 @@ prompt/prefix-cache counters), /tokenize and streaming /v1/completions. Prompts 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Self
 
 
@@ -193,6 +199,32 @@ class FakeServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def fake_server_process(law: LatencyLaw, **settings) -> Iterator[str]:
+    """The fake server in a process of its own; yields its URL. Its sleeping threads and a client's event
+    loop then do not share one GIL, so the law it serves is not disturbed by the client timing it.
+    settings: model, max_model_len, cache_dtype, num_gpu_blocks (command-line names of main())."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in {**law.__dict__, **settings}.items()]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(Path(__file__).resolve().parents[2]), os.environ.get("PYTHONPATH", "")) if p)}
+    proc = subprocess.Popen([sys.executable, "-m", "fp8eval.perf.fake_server", f"--port={port}", *flags],
+                            env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        if not proc.stdout.readline():  # the URL, printed once it listens
+            raise RuntimeError(f"the fake server did not start (exit {proc.wait()})")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        proc.stdout.close()
 
 
 def main(argv: list[str] | None = None) -> None:

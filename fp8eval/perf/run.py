@@ -20,7 +20,7 @@ from fp8eval.perf.client import (
     run_vllm_bench,
     token_prompts,
 )
-from fp8eval.perf.fake_server import FakeServer, FakeSettings, LatencyLaw
+from fp8eval.perf.fake_server import LatencyLaw, fake_server_process
 
 PERF_SCHEMA = 1
 PROBE_ITL_MS, PROBE_TTFT_MS = 2.0, 10.0
@@ -99,11 +99,11 @@ def client_overhead(m: Measurer, p, tokenizer: str | None, log: Callable[[str], 
     """The client's own share of what it measures: against a fake server on loopback whose ITL is exactly
     PROBE_ITL_MS and TTFT exactly PROBE_TTFT_MS, measured minus true (ms; worst of two lengths)."""
     law = LatencyLaw(itl_a_ms=PROBE_ITL_MS, ttft_a_ms=PROBE_TTFT_MS)
-    with FakeServer(FakeSettings(model="overhead-probe", max_model_len=1 << 20, law=law)) as fake:
+    with fake_server_process(law, model="overhead-probe", max_model_len=1 << 20) as url:
         lengths = sorted({p.min_input, max(p.min_input, 8192)})
         pts = []
         for n in lengths:
-            b = m.batch(fake.url, "overhead-probe", tokenizer, input_len=n,
+            b = m.batch(url, "overhead-probe", tokenizer, input_len=n,
                         output_len=p.sweep_output_tokens, n=max(2, p.sweep_requests), concurrency=1,
                         name=f"overhead-{n}")
             pts.append(analysis.point(b))
