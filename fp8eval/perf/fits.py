@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+R2_WARN = 0.9  # below this an ITL line explains too little of its points to place a break-even
+
 
 def fit_line(xs: Sequence[float], ys: Sequence[float]) -> tuple[float, float, float]:
     """Least-squares line y = slope * x + intercept; returns (slope, intercept, r2).

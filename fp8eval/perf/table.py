@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from fp8eval.perf.fits import R2_WARN
+
 
 def _num(v, fmt: str) -> str:
     return "-" if v is None else format(v, fmt)
@@ -29,6 +31,10 @@ def format_table(result: dict[str, Any]) -> str:
     lines.append("")
     lines.append(f"break-even ({result['variant']} vs {result['baseline']}): "
                  + (f"{be:,.0f} tokens of context" if be is not None else "none (FP8 never faster per token, or no fit)"))
+    noisy = [n for n, a in result["arms"].items() if ((a.get("itl_fit") or {}).get("r2") or 1.0) < R2_WARN]
+    if noisy:
+        lines.append(f"warning: the ITL fit of {', '.join(noisy)} has R² < {R2_WARN}: the latencies are noisy "
+                     "(a busy machine?), so slopes and break-even are rough")
     oh = result.get("client_overhead") or {}
     if oh.get("itl_ms") is not None:
         lines.append(f"client overhead (measured minus true on a fake server of known latency): ITL {oh['itl_ms']:.4f} ms, TTFT {oh['ttft_ms']:.3f} ms")

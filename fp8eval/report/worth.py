@@ -14,6 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from fp8eval.perf.analysis import itl_at
+from fp8eval.perf.fits import R2_WARN
 from fp8eval.report.groups import length_family, parse_size, split_label
 
 
@@ -31,10 +33,6 @@ def find_perf(paths: list[Path]) -> list[Path]:
 def perf_key(paths: list[Path]) -> list[str]:
     """Content hashes of the perf.json inputs (part of the report cache key)."""
     return [hashlib.sha256(p.read_bytes()).hexdigest() for p in find_perf(paths)]
-
-
-def _fit_at(fit: dict | None, n: float) -> float | None:
-    return None if not fit else fit["intercept_ms"] + fit["slope_ms_per_token"] * n
 
 
 def _ttft_at(fit: dict | None, n: float) -> float | None:
@@ -80,7 +78,8 @@ def _entry(path, perf, name, arm, base, table, gate) -> dict[str, Any]:
         entry["verdict"] = f"no speed figures: {(arm.get('error') or base.get('error'))[:200]}"
         return entry
     be = arm.get("break_even_tokens")
-    entry.update(break_even_tokens=be, capacity_gain=arm.get("capacity_gain"),
+    r2s = [f.get("r2") for f in (arm.get("itl_fit"), base.get("itl_fit")) if f and f.get("r2") is not None]
+    entry.update(break_even_tokens=be, capacity_gain=arm.get("capacity_gain"), min_itl_r2=min(r2s) if r2s else None,
                  throughput_change_pct=_change(((arm.get("throughput") or {}).get("output_tok_s")),
                                                ((base.get("throughput") or {}).get("output_tok_s"))))
     rows = table[(table["model"] == model) & (table["variant"] == name)] if table is not None and len(table) else None
@@ -96,10 +95,13 @@ def _entry(path, perf, name, arm, base, table, gate) -> dict[str, Any]:
             entry["buckets"].append({
                 "task": r.task, "bucket": r.group, "tokens": n, "recovery_pct": _finite(r.recovery_pct),
                 "ci_low": _finite(r.ci_low), "n": int(r.n),
-                "itl_change_pct": _change(_fit_at(arm.get("itl_fit"), n), _fit_at(base.get("itl_fit"), n)),
+                "itl_change_pct": _change(itl_at(arm.get("itl_fit"), n), itl_at(base.get("itl_fit"), n)),
                 "ttft_change_pct": _change(_ttft_at(arm.get("ttft_fit"), n), _ttft_at(base.get("ttft_fit"), n))})
         entry["buckets"].sort(key=lambda b: (b["tokens"], b["task"]))
     entry["verdict"] = verdict(entry, gate)
+    if entry["min_itl_r2"] is not None and entry["min_itl_r2"] < R2_WARN:
+        entry["verdict"] += (f" (an ITL fit has R² {entry['min_itl_r2']:.2f}: the latencies are noisy, so the "
+                             "break-even is rough)")
     return entry
 
 

@@ -36,6 +36,22 @@ echo "[h200_perf] work dir $WORK, results into $OUT, total budget ${TOTAL_S}s"
 
 skipped() { case " ${SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
 
+# A step killed at its limit can leave a vLLM server behind (one busy loading ignores SIGTERM for a
+# while), holding GPU memory the next step needs. Each server runs in its own process group whose id is
+# the "APIServer pid=N" of its log in the step's run dir: stop exactly those groups.
+stop_leftovers() {
+    local pids pid
+    pids=$(grep -ho 'APIServer pid=[0-9]*' "$WORK/$1"/vllm-server-*.log 2>/dev/null | cut -d= -f2 | sort -u)
+    for pid in $pids; do kill -0 "$pid" 2>/dev/null && kill -TERM -- "-$pid" 2>/dev/null; done
+    [ -n "$pids" ] && sleep 5
+    for pid in $pids; do
+        if kill -0 "$pid" 2>/dev/null; then
+            echo "[h200_perf] $1: server group $pid still up after SIGTERM: SIGKILL"; kill -KILL -- "-$pid" 2>/dev/null
+        fi
+    done
+    return 0
+}
+
 # step NAME LIMIT_S OVERRIDES...: one `python -m fp8eval.perf` run, time-boxed, never fatal.
 step() {
     local name="$1" limit="$2"; shift 2
@@ -47,12 +63,13 @@ step() {
     [ "$limit" -gt "$left" ] && limit="$left"
     echo "[h200_perf] === $name (limit ${limit}s) ==="
     local t0=$(date +%s)
-    timeout -k 20 "$limit" "$PY" -m fp8eval.perf "hydra.run.dir=$WORK/$name" perf.dummy_weights=true \
+    timeout -k 30 "$limit" "$PY" -m fp8eval.perf "hydra.run.dir=$WORK/$name" perf.dummy_weights=true \
         perf.parallel_start=true perf.warmup_requests=1 perf.sweep_requests=2 perf.sweep_output_tokens=128 \
         perf.throughput_requests=8 perf.throughput_concurrency=8 perf.throughput_input=20000 \
         perf.throughput_output=512 +engine.engine_args.max_num_seqs=16 engine.startup_timeout_s=600 \
         "$@" ${EXTRA:-} > "$WORK/$name.stdout" 2> "$WORK/$name.stderr"
     local rc=$?
+    stop_leftovers "$name"
     echo "$name rc=$rc wall=$(( $(date +%s) - t0 ))s limit=${limit}s" | tee -a "$WORK/steps.txt"
     tail -n 4 "$WORK/$name.stderr" | cut -c1-300
 }
