@@ -85,7 +85,7 @@ class EngineConfig:
     api_key_env: str = "OPENAI_API_KEY"  # name of the environment variable; the key is never written
     served_model_name: Optional[str] = None
     concurrency: int = 8
-    request_timeout_s: float = 3600.0
+    request_timeout_s: float = 3600.0  # long enough for a 32k-token generation on a loaded server
     max_retries: int = 5
     startup_timeout_s: float = 1200.0
     trust_declared_kv: bool = False
