@@ -4,6 +4,6 @@
 `fit_line(xs, ys) -> (slope, intercept, r2)` and `break_even(slope_a, intercept_a, slope_b, intercept_b)`.
 """
 
-from fp8eval.perf.fits import break_even, fit_line, fit_quadratic
+from fp8eval.metrics.latency import break_even, fit_line, fit_quadratic
 
 __all__ = ["break_even", "fit_line", "fit_quadratic"]

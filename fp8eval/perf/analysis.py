@@ -6,8 +6,8 @@ import math
 import statistics
 from typing import Any
 
+from fp8eval.metrics.latency import break_even, fit_line, fit_quadratic, itl_at
 from fp8eval.perf.client import Batch
-from fp8eval.perf.fits import break_even, fit_line, fit_quadratic
 
 
 def sweep_lengths(min_input: int, max_input: int, points: int) -> list[int]:
@@ -103,8 +103,4 @@ def break_evens(arms: dict[str, dict], baseline: str) -> dict[str, float | None]
     return out
 
 
-def itl_at(fit: dict | None, context: float) -> float | None:
-    """The fitted ITL (ms) at a context length."""
-    if not fit:
-        return None
-    return fit["intercept_ms"] + fit["slope_ms_per_token"] * context
+__all__ = ["break_evens", "itl_at", "itl_fit", "point", "sweep_lengths", "throughput", "throughput_shape", "ttft_fit"]

@@ -35,8 +35,15 @@ def perf_cfg(cfg, dummy: bool) -> Any:
     weights the shipped config.json with random weights and no tokenizer."""
     cfg = copy.deepcopy(cfg)
     extra = dict(cfg.engine.engine_args)
-    managed = not (cfg.engine.base_url or cfg.engine.base_urls)
-    if managed and not cfg.perf.prefix_caching:
+    urls = {k: v for k, v in (cfg.engine.base_urls or {}).items() if v}
+    lists = sorted(k for k, v in urls.items() if not isinstance(v, str))
+    if lists:
+        raise PerfError(f"engine.base_urls.{lists[0]} lists several servers: latency is measured on one "
+                        "server per arm; give one URL")
+    managed = not (cfg.engine.base_url or urls)
+    if not cfg.perf.prefix_caching:
+        # Managed: --no-enable-prefix-caching. External: only declared (the server decides; the prompts
+        # are fresh random ids, so no request hits a cache anyway).
         extra.setdefault("enable_prefix_caching", False)
     if dummy:
         config_dir = dummy_config_dir(cfg.model.name, cfg.perf.config_dir)

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING
 
 from fp8eval.config import EngineConfig, KVConfig, ModelConfig
+from fp8eval.registry import register_configs as register_run_configs
 
 
 @dataclass
@@ -57,9 +59,5 @@ class PerfRunConfig:
 
 def register_configs() -> None:
     """Store perf_schema (model/kv/engine options extend the run schemas, so register those too)."""
-    from hydra.core.config_store import ConfigStore
-
-    from fp8eval.config import register_configs as register_run_configs
-
     register_run_configs()
     ConfigStore.instance().store(name="perf_schema", node=PerfRunConfig)

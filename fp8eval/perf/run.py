@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from fp8eval.arms import compose_kv
 from fp8eval.perf import analysis
 from fp8eval.perf.arms import Arm, model_vocab, open_arm, perf_cfg
 from fp8eval.perf.client import (
@@ -120,12 +121,10 @@ def client_overhead(m: Measurer, p, tokenizer: str | None, log: Callable[[str], 
 
 def run(cfg, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Measure every arm, write perf.json (+ plots) into run_dir and return it."""
-    from fp8eval.runner import load_kv
-
     p = cfg.perf
     names = list(p.arms) or [n for n in (cfg.baseline, cfg.kv.name) if n and n != "none"]
     names = list(dict.fromkeys(names))
-    kvs = {n: (cfg.kv if n == cfg.kv.name else load_kv(n)) for n in names}
+    kvs = {n: (cfg.kv if n == cfg.kv.name else compose_kv(n, cfg.model.name)) for n in names}
     acfg = perf_cfg(cfg, p.dummy_weights)
     client = pick_client(p.client)
     if client == "vllm_bench" and p.dummy_weights:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from fp8eval.perf.fits import R2_WARN
+from fp8eval.metrics.latency import R2_WARN
 
 
 def _num(v, fmt: str) -> str:

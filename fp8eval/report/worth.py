@@ -14,9 +14,8 @@ import math
 from pathlib import Path
 from typing import Any
 
-from fp8eval.perf.analysis import itl_at
-from fp8eval.perf.fits import R2_WARN
-from fp8eval.report.groups import length_family, parse_size, split_label
+from fp8eval.metrics.groups import length_family, parse_size, split_label
+from fp8eval.metrics.latency import R2_WARN, itl_at
 
 
 def find_perf(paths: list[Path]) -> list[Path]:

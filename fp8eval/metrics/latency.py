@@ -1,4 +1,5 @@
-"""The fits behind "is FP8 KV worth it?": ITL linear in context, TTFT quadratic, the break-even context.
+"""Latency fits behind "is FP8 KV worth it?" (fp8eval.perf and the report): ITL linear in context, TTFT
+quadratic, the break-even context.
 
 Plain least squares on the measured points (no weighting): the seed study's method, so its figures and
 ours compare directly.
@@ -71,3 +72,10 @@ def break_even(slope_a: float, intercept_a: float, slope_b: float, intercept_b: 
     if slope_b >= slope_a:
         return None
     return max(0.0, (intercept_b - intercept_a) / (slope_a - slope_b))
+
+
+def itl_at(fit: dict | None, context: float) -> float | None:
+    """The fitted ITL (ms) at a context length, from a perf.json `itl_fit`."""
+    if not fit:
+        return None
+    return fit["intercept_ms"] + fit["slope_ms_per_token"] * context
