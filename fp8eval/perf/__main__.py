@@ -12,6 +12,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from fp8eval.core.paths import display_path
 from fp8eval.perf.config import register_configs
 
 register_configs()
@@ -27,7 +28,7 @@ def main(cfg: DictConfig) -> None:
     result = run(typed, run_dir, log=lambda msg: print(msg, file=sys.stderr, flush=True))
     print()
     print(format_table(result))
-    print(run_dir)
+    print(display_path(run_dir))
     measured = [a for a in result["arms"].values() if any(p.get("n") for p in a.get("points") or [])]
     if not measured:  # every arm failed to start, or every request failed: say so in the exit status
         sys.exit(2)
