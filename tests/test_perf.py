@@ -110,7 +110,7 @@ def test_sweep_against_fake_law_servers(tmp_path):
     with fake_server_process(bf16, model="m", max_model_len=2048, num_gpu_blocks=1000) as a, \
             fake_server_process(fp8, model="m", max_model_len=2048, cache_dtype="fp8", num_gpu_blocks=2000) as b:
         cfg = compose_perf(["kv=fp8", f"engine.base_urls.bf16={a}", f"engine.base_urls.fp8={b}",
-                            "perf.client=builtin", "perf.sweep_points=3", "perf.sweep_requests=2",
+                            "perf.client=builtin", "perf.sweep_points=3", "perf.sweep_requests=3",
                             "perf.sweep_output_tokens=12", "perf.warmup_requests=1", "perf.throughput_requests=6",
                             "perf.throughput_input=500", "perf.throughput_output=12", "perf.min_input=128",
                             f"engine.log_dir={tmp_path}"])

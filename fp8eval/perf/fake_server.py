@@ -3,8 +3,9 @@
     TTFT(n) = ttft_a_ms + ttft_b_ms * n + ttft_c_ms * n^2      (n = prompt tokens)
     ITL(n)  = itl_a_ms + itl_b_ms * n                          (every gap between streamed tokens)
 
-Token times are scheduled from the request's arrival (absolute deadlines), so a late wake-up delays one
-token but never the ones after it: a request's mean ITL stays exact even on a busy machine. With every coefficient 0 it answers as fast as it can: what a client
+Token i is due ITL * i after the first token was actually sent (absolute deadlines from there), so a late
+wake-up delays one token but never the ones after it, and a late first token does not shorten the gaps
+that follow: a request's mean ITL stays exact even on a busy machine. With every coefficient 0 it answers as fast as it can: what a client
 then measures is its own overhead plus loopback HTTP, which `fp8eval.perf` reports as the client floor.
 
 It speaks the part of vLLM's API the perf client and `vllm bench serve` use: /health, /version,
@@ -158,8 +159,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Cache-Control", "no-cache")
         self.end_headers()
         try:
+            _sleep_until(first)
+            sent_first = time.perf_counter()
             for i in range(max_tokens):
-                _sleep_until(first + gap * i)
+                _sleep_until(sent_first + gap * i)
                 chunk = {"id": rid, "object": "text_completion", "model": s.model,
                          "choices": [{"index": 0, "text": " t", "token_ids": [7],
                                       "finish_reason": "length" if i == max_tokens - 1 else None}]}
