@@ -38,10 +38,12 @@ skipped() { case " ${SKIP:-} " in *" $1 "*) return 0 ;; esac; return 1; }
 
 # A step killed at its limit can leave a vLLM server behind (one busy loading ignores SIGTERM for a
 # while), holding GPU memory the next step needs. Each server runs in its own process group whose id is
-# the "APIServer pid=N" of its log in the step's run dir: stop exactly those groups.
+# the "APIServer pid=N" (or "Started server process [N]") of its log in the step's run dir: stop exactly
+# those groups.
 stop_leftovers() {
     local pids pid
-    pids=$(grep -ho 'APIServer pid=[0-9]*' "$WORK/$1"/vllm-server-*.log 2>/dev/null | cut -d= -f2 | sort -u)
+    pids=$(grep -hoE 'APIServer pid=[0-9]+|Started server process \[[0-9]+' "$WORK/$1"/vllm-server-*.log 2>/dev/null \
+           | grep -oE '[0-9]+$' | sort -u)
     for pid in $pids; do kill -0 "$pid" 2>/dev/null && kill -TERM -- "-$pid" 2>/dev/null; done
     [ -n "$pids" ] && sleep 5
     for pid in $pids; do
