@@ -29,8 +29,12 @@ def format_table(result: dict[str, Any]) -> str:
             f"{_num(arm.get('capacity_gain'), '6.2f')} {_num(arm.get('break_even_tokens'), '11,.0f')}")
     be = result.get("break_even_tokens")
     lines.append("")
-    lines.append(f"break-even ({result['variant']} vs {result['baseline']}): "
-                 + (f"{be:,.0f} tokens of context" if be is not None else "none (FP8 never faster per token, or no fit)"))
+    if result["variant"] == result["baseline"] or len(result["arms"]) < 2:
+        lines.append("one arm measured: no break-even")
+    else:
+        lines.append(f"break-even ({result['variant']} vs {result['baseline']}): "
+                     + (f"{be:,.0f} tokens of context" if be is not None
+                        else "none (FP8 never faster per token, or no fit)"))
     noisy = [n for n, a in result["arms"].items() if ((a.get("itl_fit") or {}).get("r2") or 1.0) < R2_WARN]
     if noisy:
         lines.append(f"warning: the ITL fit of {', '.join(noisy)} has R² < {R2_WARN}: the latencies are noisy "
