@@ -19,8 +19,8 @@ Stable API (issue 16's sensitivity tooling builds on it): `kl_from_logits`, `kl_
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 
