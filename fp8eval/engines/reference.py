@@ -13,6 +13,7 @@ from typing import Iterable, Iterator
 
 from fp8eval.config import KVConfig, RunConfig
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
+from fp8eval.engines.prompting import plain_prompt_text
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -193,9 +194,8 @@ class ReferenceEngine:
             text = tok.apply_chat_template(list(request.messages), add_generation_prompt=True, tokenize=False,
                                            **request.chat_template_kwargs)
             return tok(text, add_special_tokens=False)["input_ids"]
-        # Base models without a chat template see the messages' contents as plain text.
-        text = "\n\n".join(m["content"] for m in request.messages) + "\n\n"
-        return tok(text, add_special_tokens=True)["input_ids"]
+        # A tokenizer without a template (the runner already sends plain text when the config says so).
+        return tok(plain_prompt_text(request.messages), add_special_tokens=True)["input_ids"]
 
     def count_prompt_tokens(self, request: Request) -> int:
         return len(self.prompt_ids(request))
