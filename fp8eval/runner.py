@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from fp8eval.config import KVConfig, RunConfig, SamplingConfig
+from fp8eval.config import KV_EMULATION_DEFAULTS, KVConfig, RunConfig, SamplingConfig
 from fp8eval.engines import build_engine
 from fp8eval.engines.base import Request
 from fp8eval.engines.prompting import prompt_text_for
@@ -197,6 +197,11 @@ class Runner:
         kv_d = _as_dict(kv)
         for k in ("name", "description"):
             kv_d.pop(k, None)
+        # Emulation knobs added by issue 18: at their defaults they change nothing, so records made before
+        # they existed keep their fingerprint.
+        for k, default in KV_EMULATION_DEFAULTS.items():
+            if kv_d.get(k) == default:
+                kv_d.pop(k, None)
         return {
             "record_schema": RECORD_SCHEMA,
             "model": model,

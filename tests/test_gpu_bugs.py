@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-
 import pytest
-
 from conftest import compose
+
 from fp8eval.engines.base import Request
 from fp8eval.engines.prompting import plain_prompt_text, prompt_text_for
 from fp8eval.engines.vllm import logscan
-from fp8eval.runner import Runner, RunError
+from fp8eval.runner import RunError, Runner
 
 # What vLLM 0.26 logs when kv=fp8_e5m2 leaves only TRITON_ATTN on Hopper (the shape of a captured log:
 # the engine core's traceback with its process/level prefixes, then the front end's wrapper).
