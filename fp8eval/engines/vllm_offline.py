@@ -192,6 +192,17 @@ class VLLMOfflineEngine:
             raise EngineError(f"vLLM could not tokenize request {request.id}: {reply.get('message')}")
         return int(reply["n"])
 
+    def prompt_logprobs(self, ids: list[int], k: int) -> tuple[list[list[int]], list[list[float]]]:
+        """Prefill only: the top-k (token id, log-prob) of the next-token distribution after each of
+        positions 0..len(ids)-2 (vLLM's `prompt_logprobs`), for `python -m fp8eval.divergence`."""
+        with self._lock:
+            self._send({"op": "prompt_logprobs", "ids": list(ids), "k": int(k)})
+            reply = self._recv()
+        if reply.get("op") == "error":
+            raise EngineError(f"vLLM could not compute prompt logprobs: {reply.get('type')}: {reply.get('message')}. "
+                              f"Log: {self.log_path}.")
+        return reply["ids"], reply["logprobs"]
+
     def generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
         with self._lock:
             pending = 0
@@ -367,6 +378,21 @@ class _Worker:
                 totals[name] += float(m.value)
         return totals
 
+    def prompt_logprobs(self, ids: list[int], k: int) -> dict:
+        """Top-k prompt log-probs of every position after the first, as two [len(ids)-1, k] lists."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k)
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
+        rows_ids, rows_lp = [], []
+        for entry in list(out.prompt_logprobs)[1:]:
+            # Each entry holds the top-k plus the prompt's own token (which may rank below k): keep the k best.
+            best = sorted(entry.items(), key=lambda item: -float(item[1].logprob))[:k]
+            rows_ids.append([int(t) for t, _ in best])
+            rows_lp.append([float(lp.logprob) for _, lp in best])
+        return {"op": "prompt_logprobs", "ids": rows_ids, "logprobs": rows_lp}
+
     def run(self, queue: list[dict]) -> None:
         from vllm.inputs import TokensPrompt
 
@@ -442,6 +468,8 @@ def _worker_main() -> int:
         try:
             if op == "count":
                 worker.send({"op": "count", "n": len(worker.prompt_ids(msg["request"]))})
+            elif op == "prompt_logprobs":
+                worker.send(worker.prompt_logprobs(msg["ids"], int(msg["k"])))
             elif op == "add":
                 queue.append(msg["request"])
             elif op == "run":
