@@ -39,6 +39,7 @@ def test_bf16_is_zero_e5m2_diverges_more_than_e4m3_and_reruns_are_free(tmp_path)
     assert 0 < e4m3["overall"]["kl_mean"] < e5m2["overall"]["kl_mean"]
     assert e4m3["overall"]["dlogp_mean"] < e5m2["overall"]["dlogp_mean"]
     assert set(e4m3["buckets"]) == {"0-256"} and e4m3["buckets"]["0-256"]["n_tokens"] == 95
+    assert e4m3["topk_view"]["overall"]["n_tokens"] == 95 and e4m3["topk_view"]["topk"] == 20
     written = json.loads((tmp_path / "e4m3" / "divergence.json").read_text())
     assert set(written) >= {"model", "kv", "baseline", "engine", "buckets", "overall"}
     assert set(written["buckets"]["0-256"]) == {"kl_mean", "top1_agree", "dlogp_mean", "n_tokens"}

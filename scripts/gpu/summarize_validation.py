@@ -92,8 +92,16 @@ def niah(work: Path) -> dict:
                           "preflight": {k: pre.get(k) for k in ("vllm_version", "cache_dtype",
                                                                  "kv_cache_dtype_skip_layers", "attention_backend",
                                                                  "device_name", "kv_scales_source")}}
-        out[f.parent.name] = {"model": s.get("model"), "arms": arms,
+        out[f.parent.name] = {"model": s.get("model"), "baseline": s.get("baseline"), "arms": arms,
                               "recovery": (s.get("recovery") or {}).get("overall")}
+    # A run with baseline=none: its recovery against the same model's BF16 arm from another run (same grid).
+    bf16 = {r["model"]: r["arms"]["bf16"]["score"] for r in out.values() if "bf16" in r["arms"]}
+    for r in out.values():
+        if r["recovery"] is None and bf16.get(r["model"]):
+            arm = next(iter(r["arms"].values()))
+            if arm["score"] is not None:
+                r["recovery"] = 100.0 * arm["score"] / bf16[r["model"]]
+                r["recovery_from"] = "the bf16 arm of another niah run of this model"
     return out
 
 
