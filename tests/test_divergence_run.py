@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from fp8eval.divergence.config import register_divergence_configs  # noqa: E402
+from fp8eval.registry import register_divergence_configs  # noqa: E402
 from fp8eval.divergence.run import run  # noqa: E402
 
 

@@ -22,8 +22,8 @@ from fp8eval.divergence import measures as M
 from fp8eval.divergence import sources
 from fp8eval.divergence.documents import Passage, load_tokenizer, passages
 from fp8eval.engines import build_engine, resolve_kind
-from fp8eval.records import canonical_json, fingerprint_hash
-from fp8eval.runner import load_kv
+from fp8eval.core.hashing import canonical_json, fingerprint_hash
+from fp8eval.arms import compose_kv
 
 SCHEMA = 1
 TOPK_NOTE = ("KL over the tokens in both arms' top-k prompt_logprobs, both distributions renormalised to that "
@@ -132,7 +132,7 @@ def run(cfg, run_dir: Path, out=print) -> dict:
     records = records if records.is_absolute() else Path.cwd() / records
     variant = cfg.kv if isinstance(cfg.kv, KVConfig) else OmegaConf.to_object(cfg.kv)
     same = cfg.baseline in (None, "", "none", variant.name)
-    arms = [(variant.name, variant)] + ([] if same else [(cfg.baseline, load_kv(cfg.baseline))])
+    arms = [(variant.name, variant)] + ([] if same else [(cfg.baseline, compose_kv(cfg.baseline, cfg.model.name))])
     # vLLM needs room for one generated token after the prompt: a passage is at most max_model_len - 1.
     limit = int(cfg.model.max_model_len) - 1
     too_long = [n for n in dcfg.lengths if n > limit]

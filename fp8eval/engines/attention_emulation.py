@@ -35,7 +35,7 @@ import math
 import torch
 
 from fp8eval.config import ACCUMULATION_MODES, ATTENTION_MODES
-from fp8eval.quant import fp8_roundtrip
+from fp8eval.core.quant import fp8_roundtrip
 
 FAST_ACC_K = 32  # keys per FP8 WGMMA k-step (32 bytes of K per instruction)
 FAST_ACC_BITS = 13  # fraction bits kept below the leading bit: ~14 significant bits
