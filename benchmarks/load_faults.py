@@ -113,7 +113,7 @@ def _lines(records: Path) -> int:
 
 def command(args, data: Path, records: Path, urls: dict[str, str]) -> list[str]:
     return [sys.executable, "-m", "fp8eval", "engine=server", "task=aime25", f"task.data_files=[{data}]",
-            f"task.repeats={args.repeats}", "kv=fp8", "baseline=bf16", f"engine.concurrency={args.concurrency}",
+            f"task.repeats={args.repeats}", "sampling.temperature=0.6", "kv=fp8", "baseline=bf16", f"engine.concurrency={args.concurrency}",
             "engine.max_retries=6", f"+engine.base_urls.bf16={urls['bf16']}", f"+engine.base_urls.fp8={urls['fp8']}",
             f"records_dir={records}", "progress=false", "report=false", "scoring_workers=0"]
 

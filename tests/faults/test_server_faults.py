@@ -133,7 +133,7 @@ def test_runner_over_a_faulty_server_gives_the_clean_number(tmp_path, monkeypatc
         return faults[hash(str(body.get("seed"))) % len(faults)] if attempt == 1 and body["seed"] % 4 == 0 else None
 
     overrides = ["engine=server", "engine.max_retries=3", "task.lengths=[512]", "task.depths=[0,50,100]",
-                 "task.needles_per_cell=3", "task.repeats=2", "baseline=none", "kv=bf16",
+                 "task.needles_per_cell=3", "task.repeats=2", "sampling.temperature=0.6", "baseline=none", "kv=bf16",
                  "engine.api_key_env=FP8EVAL_TEST_KEY"]
     model = "HuggingFaceTB/SmolLM2-135M-Instruct"  # model=smollm2-135m's hf_id, as the server calls it
     with FakeOpenAIServer(model=model) as clean, FakeOpenAIServer(model=model) as broken:
