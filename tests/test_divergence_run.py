@@ -8,15 +8,14 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from fp8eval.registry import register_divergence_configs  # noqa: E402
 from fp8eval.divergence.run import run  # noqa: E402
+from fp8eval.registry import register_divergence_configs  # noqa: E402
 
 
 def _cfg(tmp_path, *overrides):
+    from conftest import REPO
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
-
-    from conftest import REPO
 
     register_divergence_configs()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
