@@ -145,7 +145,7 @@ def table(summary: dict) -> str:
         lines.append(f"probe on {p['device']} ({p['seconds']} s): relative error of FP8 P·V vs float64")
         lines.append(f"{'length':>9}" + "".join(f"{n:>22}" for n in names))
         for i, n in enumerate(p["lengths"]):
-            lines.append(f"{n:>9}" + "".join(f"{p['rel_error'][k][i]:>22.3e}" for k in names))
+            lines.append(f"{n:>9}" + "".join(f"{_fmt(p['rel_error'][k][i], '.3e'):>22}" for k in names))
         if p.get("fit"):
             f = p["fit"]
             lines.append(f"emulated accumulator width closest to the hardware: {f['best_bits']} fraction bits "
