@@ -16,6 +16,7 @@
 # dir unless set). Budget: BUDGET_S seconds in all (default 470). DIV_EXTRA / NIAH_EXTRA: overrides appended to
 # every divergence / niah command (a CPU dry run: DIV_EXTRA="divergence.lengths=[96]").
 set -u
+set -f  # no globbing: Hydra list overrides such as divergence.lengths=[8000] stay literal
 OUT=${OUT:?set OUT to the directory that receives the results}
 PY=${PY:-python3}
 BUDGET_S=${BUDGET_S:-470}
