@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from fp8eval.core.quant import fp8_roundtrip
-from fp8eval.engines.attention_emulation import FAST_ACC_BITS, FAST_ACC_K, fast_fp8_matmul
+from fp8eval.engines.attention_emulation import FAST_ACC_ALIGN, FAST_ACC_BITS, FAST_ACC_K, fast_fp8_matmul
 
 DEFAULT_LENGTHS = [1 << p for p in range(10, 21)]  # 1k .. 1M
 EMULATE_LENGTHS = [1 << p for p in range(10, 18)]  # 1k .. 128k: the CPU emulation walks the sum serially
@@ -128,7 +128,8 @@ def probe(lengths: list[int], emulate_only: bool, seeds: int = 3, bits: int = FA
         "device": "cpu (emulation only)" if emulate_only else torch.cuda.get_device_name(),
         "capability": None if emulate_only else "sm_%d%d" % torch.cuda.get_device_capability(),
         "torch": torch.__version__, "rows": M_ROWS, "cols": N_COLS, "seeds": seeds,
-        "emulation": {"k_step": FAST_ACC_K, "fraction_bits": bits, "promote_every": PROMOTE_EVERY},
+        "emulation": {"k_step": FAST_ACC_K, "fraction_bits": bits, "align": FAST_ACC_ALIGN,
+                      "promote_every": PROMOTE_EVERY},
         "lengths": list(lengths), "rel_error": curves,
         "measure": "||out - ref||_F / ||ref||_F vs float64 of the same e4m3 inputs, median over seeds",
         "seconds": round(time.perf_counter() - t0, 2),
@@ -143,21 +144,23 @@ def probe(lengths: list[int], emulate_only: bool, seeds: int = 3, bits: int = FA
 
 
 def fit_bits(lengths: list[int], hardware: list[float], device, candidates=range(11, 18),
-             up_to: int = 131072) -> dict:
-    """Which accumulator width makes the emulated fast-accumulation curve closest to the hardware's
-    (seed 0, lengths up to 128k): the worst |log2(emulated / hardware)| per candidate, the best first."""
+             up_to: int = 131072, aligns=("products", "sum")) -> dict:
+    """Which accumulator model (what a k-step aligns: "products" or "sum") and width make the emulated
+    fast-accumulation curve closest to the hardware's (seed 0, lengths up to 128k): the worst
+    |log2(emulated / hardware)| per candidate; the best one names FAST_ACC_ALIGN / FAST_ACC_BITS to set."""
     pairs = [(n, h) for n, h in zip(lengths, hardware) if n <= up_to and h]
+    data = [(inputs(n, 0, device), h) for n, h in pairs]
     worst = {}
-    for bits in candidates:
-        ratios = []
-        for n, h in pairs:
-            p, v = inputs(n, 0, device)
-            ratios.append(_rel(fast_fp8_matmul(p, v, bits=bits), p.double() @ v.double()) / h)
-        worst[bits] = {"max_abs_log2_ratio": round(max(abs(math.log2(r)) for r in ratios), 3),
-                       "ratios": [round(r, 3) for r in ratios]}
+    for align in aligns:
+        for bits in candidates:
+            ratios = [_rel(fast_fp8_matmul(p, v, bits=bits, align=align), p.double() @ v.double()) / h
+                      for (p, v), h in data]
+            worst[f"{align}:{bits}"] = {"max_abs_log2_ratio": round(max(abs(math.log2(r)) for r in ratios), 3),
+                                        "ratios": [round(r, 3) for r in ratios]}
     best = min(worst, key=lambda b: worst[b]["max_abs_log2_ratio"])
-    return {"lengths": [n for n, _ in pairs], "by_bits": worst, "best_bits": best,
-            "within_2x": worst[best]["max_abs_log2_ratio"] <= 1.0}
+    align, bits = best.split(":")
+    return {"lengths": [n for n, _ in pairs], "by_candidate": worst, "best": best, "best_align": align,
+            "best_bits": int(bits), "within_2x": worst[best]["max_abs_log2_ratio"] <= 1.0}
 
 
 def plot(result: dict, path: Path) -> None:
@@ -195,7 +198,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
                          "with --emulate)")
     ap.add_argument("--seeds", type=int, default=None, help="inputs per length (default 3; 1 with --emulate)")
     ap.add_argument("--fit", action="store_true",
-                    help="GPU: also find the emulated accumulator width closest to the hardware (1k-128k)")
+                    help="GPU: also find the emulated accumulator model and width closest to the hardware "
+                         "(1k-128k)")
     ap.add_argument("--bits", type=int, default=FAST_ACC_BITS, help="emulated accumulator fraction bits")
     ap.add_argument("--out", type=Path, default=None, help="run dir (default outputs/probe/<time>)")
     return ap.parse_args(argv)

@@ -45,3 +45,4 @@ def test_gpu_path_with_a_stand_in_for_the_hardware(monkeypatch):
     assert r["rel_error"]["emulated_fast_fp8"][1] is None  # beyond EMULATE_MAX on a GPU
     assert r["emulated_over_hardware_fast"][0] == pytest.approx(r["rel_error"]["emulated_fast_fp8"][0] / 1e-3, rel=1e-2)
     assert r["fit"]["best_bits"] in range(11, 18) and r["fit"]["lengths"] == [1024, 2048]
+    assert r["fit"]["best_align"] in ("products", "sum") and len(r["fit"]["by_candidate"]) == 14

