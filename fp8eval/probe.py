@@ -79,9 +79,10 @@ def hardware_errors(p: torch.Tensor, v: torch.Tensor, ref: torch.Tensor) -> dict
     return out
 
 
-def emulated_errors(p: torch.Tensor, v: torch.Tensor, ref: torch.Tensor, bits: int) -> dict[str, float]:
+def emulated_errors(p: torch.Tensor, v: torch.Tensor, ref: torch.Tensor, bits: int,
+                    align: str = FAST_ACC_ALIGN) -> dict[str, float]:
     """The reference engine's accumulation model: without promotion, and promoted to FP32 every 128 keys."""
-    fast = fast_fp8_matmul(p, v, bits=bits)
+    fast = fast_fp8_matmul(p, v, bits=bits, align=align)
     # Promoted: each 128-key chunk through the reduced accumulator (all chunks at once, batched), the chunk
     # results then summed in FP32.
     m, length = p.shape
@@ -91,14 +92,14 @@ def emulated_errors(p: torch.Tensor, v: torch.Tensor, ref: torch.Tensor, bits: i
     vc = v[:head].reshape(n_chunks, PROMOTE_EVERY, -1)
     promoted = torch.zeros(m, v.shape[1], dtype=torch.float32, device=p.device)
     for g in range(0, n_chunks, 64):  # 64 chunks at a time bounds the k-step product tensor
-        promoted += fast_fp8_matmul(pc[g:g + 64], vc[g:g + 64], bits=bits).sum(0, dtype=torch.float32)
+        promoted += fast_fp8_matmul(pc[g:g + 64], vc[g:g + 64], bits=bits, align=align).sum(0, dtype=torch.float32)
     if head < length:
-        promoted += fast_fp8_matmul(p[:, head:], v[head:], bits=bits)
+        promoted += fast_fp8_matmul(p[:, head:], v[head:], bits=bits, align=align)
     return {"emulated_fast_fp8": _rel(fast, ref), "emulated_promoted": _rel(promoted, ref)}
 
 
 def probe(lengths: list[int], emulate_only: bool, seeds: int = 3, bits: int = FAST_ACC_BITS,
-          fit: bool = False) -> dict:
+          fit: bool = False, align: str = FAST_ACC_ALIGN) -> dict:
     """The error curves; raises NoFP8GPU when the hardware probe is asked for and cannot run."""
     problem = fp8_gpu_problem()
     if problem and not emulate_only:
@@ -116,7 +117,7 @@ def probe(lengths: list[int], emulate_only: bool, seeds: int = 3, bits: int = FA
             ref = p.double() @ v.double()
             # The emulation walks the sum serially (32 keys a step): on a GPU it covers 1k-128k, the range the
             # 2x criterion is about, so the whole probe stays under a minute.
-            errs = emulated_errors(p, v, ref, bits) if emulate_only or length <= EMULATE_MAX else {}
+            errs = emulated_errors(p, v, ref, bits, align) if emulate_only or length <= EMULATE_MAX else {}
             if not emulate_only:
                 errs.update(hardware_errors(p, v, ref))
             for k, e in errs.items():
@@ -128,7 +129,7 @@ def probe(lengths: list[int], emulate_only: bool, seeds: int = 3, bits: int = FA
         "device": "cpu (emulation only)" if emulate_only else torch.cuda.get_device_name(),
         "capability": None if emulate_only else "sm_%d%d" % torch.cuda.get_device_capability(),
         "torch": torch.__version__, "rows": M_ROWS, "cols": N_COLS, "seeds": seeds,
-        "emulation": {"k_step": FAST_ACC_K, "fraction_bits": bits, "align": FAST_ACC_ALIGN,
+        "emulation": {"k_step": FAST_ACC_K, "fraction_bits": bits, "align": align,
                       "promote_every": PROMOTE_EVERY},
         "lengths": list(lengths), "rel_error": curves,
         "measure": "||out - ref||_F / ||ref||_F vs float64 of the same e4m3 inputs, median over seeds",
@@ -201,6 +202,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
                     help="GPU: also find the emulated accumulator model and width closest to the hardware "
                          "(1k-128k)")
     ap.add_argument("--bits", type=int, default=FAST_ACC_BITS, help="emulated accumulator fraction bits")
+    ap.add_argument("--align", choices=("products", "sum"), default=FAST_ACC_ALIGN,
+                    help="emulated accumulator model: what a k-step aligns and truncates")
     ap.add_argument("--out", type=Path, default=None, help="run dir (default outputs/probe/<time>)")
     return ap.parse_args(argv)
 
@@ -214,7 +217,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         lengths = args.lengths or (EMULATE_LENGTHS if args.emulate else DEFAULT_LENGTHS)
         seeds = args.seeds or (1 if args.emulate else 3)
-        result = probe(lengths, args.emulate, seeds, args.bits, fit=args.fit and not args.emulate)
+        result = probe(lengths, args.emulate, seeds, args.bits, fit=args.fit and not args.emulate,
+                       align=args.align)
     except NoFP8GPU as e:
         print(f"fp8eval.probe: {e}, so the hardware FP8 accumulation cannot be measured here. Run it on a GPU "
               "with FP8 tensor cores, or `python -m fp8eval.probe --emulate` for the reference engine's "
