@@ -25,7 +25,8 @@ from fp8eval.engines.base import Choice, Completion, EngineError, Request
 from fp8eval.engines.prompting import plain_prompt_text
 from fp8eval.engines.vllm import args as vargs
 from fp8eval.engines.vllm import child as vchild
-from fp8eval.engines.vllm import kvcheck, logscan, stats as vstats
+from fp8eval.engines.vllm import kvcheck, logscan
+from fp8eval.engines.vllm import stats as vstats
 
 WORKER_MODULE = "fp8eval.engines.vllm_offline"
 
