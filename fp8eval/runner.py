@@ -17,6 +17,7 @@ from omegaconf import OmegaConf
 from fp8eval.config import KVConfig, RunConfig, SamplingConfig
 from fp8eval.engines import build_engine
 from fp8eval.engines.base import Request
+from fp8eval.engines.loglikelihood import send
 from fp8eval.reasoning import split_reasoning
 from fp8eval.records import RECORD_SCHEMA, ArmStore, fingerprint_hash
 from fp8eval.seeds import derive_seed
@@ -113,7 +114,6 @@ class Runner:
         items: list[PlannedItem] = []
         count = task.ctx.count_tokens
         max_len = engine.max_model_len()
-        max_tokens = int(self.sampling["max_tokens"])
         samples = list(task.samples())
         bar = _Progress(len(samples), "building prompts", self.cfg.progress and len(samples) > 20)
         for sample in samples:
@@ -129,8 +129,10 @@ class Runner:
                     items.append(PlannedItem(sample, repeat, None, None, None, str(e)))
                     continue
                 skip = None
-                if tokens + max_tokens > max_len:
-                    skip = (f"prompt {tokens} + max_tokens {max_tokens} tokens exceed max_model_len {max_len}; "
+                # A scoring prompt generates nothing; a prompt may bring its own max_tokens (lm-eval tasks).
+                budget = 0 if prompt.logprob_pairs else int(self.prompt_sampling(prompt)["max_tokens"])
+                if tokens + budget > max_len:
+                    skip = (f"prompt {tokens} + max_tokens {budget} tokens exceed max_model_len {max_len}; "
                             f"skipped, never truncated")
                 items.append(PlannedItem(sample, repeat, prompt, phash, tokens, skip))
             bar.update(1)
@@ -160,8 +162,22 @@ class Runner:
         return count
 
     def _request(self, rid: str, prompt: Prompt, n: int, seeds: list[int]) -> Request:
-        return Request(id=rid, messages=tuple(prompt.messages), n=n, seeds=tuple(seeds), sampling=dict(self.sampling),
-                       chat_template_kwargs=dict(self.cfg.model.chat_template_kwargs), prompt_text=prompt.prompt_text)
+        return Request(id=rid, messages=tuple(prompt.messages), n=n, seeds=tuple(seeds),
+                       sampling=dict(self.prompt_sampling(prompt)),
+                       chat_template_kwargs=dict(self.cfg.model.chat_template_kwargs), prompt_text=prompt.prompt_text,
+                       logprob_pairs=tuple(prompt.logprob_pairs))
+
+    def prompt_sampling(self, prompt: Prompt | None) -> dict:
+        """The run's sampling, with a prompt's own settings (an lm-eval task's stops) over the model's and the
+        task config's, and the user's top-level overrides over both."""
+        if prompt is None or not prompt.sampling:
+            return self.sampling
+        out = {**self.sampling, **prompt.sampling}
+        for f in dataclasses.fields(SamplingConfig):
+            v = getattr(self.cfg.sampling, f.name)
+            if v is not None:
+                out[f.name] = list(v) if f.name == "stop" else v
+        return out
 
     # --- fingerprint ---------------------------------------------------------------------------------------
     def fingerprint_material(self, task: Task, engine, kv: KVConfig) -> dict:
@@ -229,7 +245,7 @@ class Runner:
             # still appended together (one write, one fsync) once their scores are in.
             scorer = Scorer(task, auto_workers(task, self.cfg.scoring_workers))
             try:
-                for comp in engine.generate(requests):
+                for comp in send(engine, requests):
                     sent += 1
                     its = by_id[comp.request_id]
                     recs = [self._record(fp, kv, task, it, comp, ch) for it, ch in zip(its, comp.choices)]
@@ -257,7 +273,8 @@ class Runner:
             "schema": RECORD_SCHEMA, "arm": fp, "kv": kv.name, "task": task.name, "task_version": task.version,
             "sample_id": it.sample.id, "repeat": it.repeat,
             "seed": derive_seed(it.sample.id, it.repeat, self.cfg.seed), "groups": list(it.sample.groups),
-            "prompt_hash": it.prompt_hash, "prompt_tokens": it.prompt_tokens, "sampling": self.sampling,
+            "prompt_hash": it.prompt_hash, "prompt_tokens": it.prompt_tokens,
+            "sampling": self.prompt_sampling(it.prompt),
             "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         if choice is None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from fp8eval.errors import Fp8evalError
 
+import json
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Protocol, runtime_checkable
 
@@ -23,6 +24,11 @@ class Request:
     chat_template_kwargs: dict = field(default_factory=dict)
     # Set for models without a chat template: the raw text to complete, messages are then ignored.
     prompt_text: str | None = None
+    # Non-empty: a scoring request, sent to the optional `engine.loglikelihood()` instead of `generate()`.
+    # For each (context, continuation) of raw text the engine returns the summed log-probability of the
+    # continuation's tokens given the context and whether greedy decoding would emit exactly them
+    # (lm-eval's loglikelihood request); messages, prompt_text and sampling are then ignored.
+    logprob_pairs: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -42,6 +48,17 @@ class Completion:
     cached_prompt_tokens: int | None = None  # prompt tokens served from a prefix cache, if known
     latency_s: float = 0.0
     extra: dict = field(default_factory=dict)
+
+
+def encode_loglikelihoods(pairs: list[tuple[float, bool]]) -> str:
+    """The text of a scoring request's Choice: JSON [[logprob, is_greedy], ...], one per logprob pair, so the
+    records keep it as the completion and a task's pure score() reads it back (decode_loglikelihoods)."""
+    return json.dumps([[float(lp), bool(g)] for lp, g in pairs])
+
+
+def decode_loglikelihoods(text: str) -> list[tuple[float, bool]]:
+    """The inverse of encode_loglikelihoods."""
+    return [(float(lp), bool(g)) for lp, g in json.loads(text)]
 
 
 class EngineError(Fp8evalError):
@@ -70,3 +87,8 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Release everything (processes, GPU memory). Safe to call twice."""
+
+    # Optional (engines without it refuse scoring requests, see fp8eval.engines.loglikelihood):
+    # def loglikelihood(self, requests: Iterable[Request]) -> Iterator[Completion]:
+    #     """For requests with logprob_pairs: one Completion per request, n identical Choices whose text is
+    #     encode_loglikelihoods([(logprob, is_greedy) per pair]), finish_reason "stop", output_tokens 0."""
