@@ -23,6 +23,7 @@ from fp8eval.filehash import file_sha256
 
 SUPPORTED_OUTPUT_TYPES = ("generate_until", "multiple_choice", "loglikelihood")
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+_MANAGERS: dict[str, Any] = {}
 
 
 class LmEvalError(Fp8evalError):
@@ -107,7 +108,10 @@ def load(specs: list[Any], include_path: str | None, metadata: dict, offline: bo
 
     random.seed(DEFAULT_RANDOM_SEED)
     np.random.seed(DEFAULT_OTHER_SEED)
-    tm = TaskManager(include_path=include_path, metadata=dict(metadata) or None)
+    key = json.dumps([include_path, metadata], sort_keys=True, default=str)
+    if key not in _MANAGERS:  # its index scan reads every YAML lm-eval ships (seconds): once per process
+        _MANAGERS[key] = TaskManager(include_path=include_path, metadata=dict(metadata) or None)
+    tm = _MANAGERS[key]
     specs = [_resolve_paths(s) for s in specs]
     for spec in specs:
         name = spec if isinstance(spec, str) else None
