@@ -17,8 +17,7 @@ import uuid
 
 import pytest
 
-from fp8eval import sandbox
-from fp8eval.sandbox import compare_functional, compare_stdout, run_tests, run_tests_detailed
+from fp8eval.scoring.sandbox import compare_functional, compare_stdout, harness as sandbox, run_tests, run_tests_detailed
 
 OK = [{"input": "", "output": "ok"}]
 T = 2.0  # per-test timeout for the hostile programs: the suite stays well under a minute on 2 cores
@@ -137,7 +136,7 @@ def _sandbox_processes() -> list[int]:
             continue
         uid = int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
         zombie = "\nState:\tZ" in status
-        ours = b"fp8eval/sandbox.py" in cmd or (
+        ours = b"fp8eval/scoring/sandbox/child.py" in cmd or (
             os.getuid() == 0 and sandbox.ROOT_UID_BASE <= uid < sandbox.ROOT_UID_BASE + 64
         )
         if ours and not zombie:
@@ -407,7 +406,7 @@ def test_non_root_harness(tmp_path):
     script = prog(f"""
         import sys, os
         sys.path.insert(0, {repo!r})
-        from fp8eval.sandbox import run_tests_detailed
+        from fp8eval.scoring.sandbox import run_tests_detailed
         ok = [{{"input": "", "output": "ok"}}]
         r1 = run_tests_detailed("print('ok')", ok, "stdin")[0]
         r2 = run_tests_detailed("import os\\nwhile True:\\n    try: os.fork()\\n    except OSError: pass",

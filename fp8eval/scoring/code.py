@@ -1,32 +1,24 @@
-"""Code scoring (LiveCodeBench): the last fenced code block, the hub's compressed private tests, and
-pass@1 = every test passes in the sandbox (`fp8eval.sandbox`)."""
+"""Code scoring (LiveCodeBench): the code block as the official extraction finds it, the hub's compressed private tests, and
+pass@1 = every test passes in the sandbox (`fp8eval.scoring.sandbox`)."""
 
 from __future__ import annotations
 
 import base64
 import json
 import pickle
-import re
 import zlib
 
 from fp8eval.tasks.base import Score
 
-_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+#.-]*)[^\n]*$", re.MULTILINE)
-
-
 def extract_code(text: str) -> str | None:
-    """Body of the last *closed* ``` fenced block (any language tag); None when there is none. Fences
-    are paired in order, so an unclosed final fence (a cut-off completion) never pairs with an earlier
-    closing fence."""
-    blocks = []
-    opening = None
-    for m in _FENCE.finditer(text or ""):
-        if opening is None:
-            opening = m
-        else:
-            blocks.append(text[opening.end():m.start()].strip("\n"))
-            opening = None
-    return blocks[-1] if blocks else None
+    """The official LiveCodeBench extraction: the lines between the last two lines that contain ``` anywhere
+    (a fence opened after prose on the same line counts; after a closed block, an unclosed last fence pairs
+    with that block's closing line). None when fewer than two such lines (officially "", which fails)."""
+    lines = (text or "").split("\n")
+    fences = [i for i, line in enumerate(lines) if "```" in line]
+    if len(fences) < 2:
+        return None
+    return "\n".join(lines[fences[-2] + 1:fences[-1]])
 
 
 class _JsonStringOnly(pickle.Unpickler):
@@ -54,7 +46,7 @@ def decode_tests(field: str | list | None) -> list[dict]:
 def score_code(answer_text: str, tests: list[dict], testtype: str, func_name: str | None = None,
                timeout_s: float = 6.0) -> Score:
     """pass@1 for one completion. Tests after the first failing wave are not run (pass@1 is already 0)."""
-    from fp8eval.sandbox import run_tests_detailed
+    from fp8eval.scoring.sandbox import run_tests_detailed
 
     code = extract_code(answer_text)
     if code is None:

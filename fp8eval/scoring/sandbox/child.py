@@ -1,0 +1,285 @@
+"""The sandbox's child side: `python -I child.py <json>` sets the limits, enters the namespaces, drops
+privileges, then runs the program (see fp8eval.scoring.sandbox for the layers). Standard library only:
+fp8eval is not importable under -I."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+TMPFS_SIZE = "256m"
+
+# Star imports the official LiveCodeBench runner makes available to every solution (LeetCode stubs use
+# List, Optional, ... without importing typing; AtCoder solutions often rely on gcd, deque, ...).
+PRELUDE = """\
+import sys, os, math, re, string, json, heapq, bisect, random, itertools, functools, operator, \
+collections, statistics, copy, datetime, io
+from string import *
+from re import *
+from datetime import *
+from collections import *
+from heapq import *
+from bisect import *
+from copy import *
+from math import *
+from random import *
+from statistics import *
+from itertools import *
+from functools import *
+from operator import *
+from io import *
+from sys import *
+from json import *
+from builtins import *
+from typing import *
+sys.setrecursionlimit(50000)
+"""
+
+# Imported before privileges are dropped: when the interpreter lives where the dropped uid cannot read
+# (e.g. under /root) and no mount namespace can bind it back, these are all a program can import.
+PRELOAD = (
+    "sys os math re string json heapq bisect random itertools functools operator collections "
+    "statistics copy datetime io typing fractions decimal array numbers textwrap time dataclasses enum "
+    "struct threading queue cmath pprint unicodedata calendar hashlib types abc contextlib glob shutil "
+    "signal socket subprocess pathlib tempfile traceback warnings weakref inspect uuid base64 zlib"
+).split()
+
+# Linux constants (no os.unshare before Python 3.12).
+_CLONE_NEWNS, _CLONE_NEWUSER, _CLONE_NEWPID, _CLONE_NEWNET = 0x20000, 0x10000000, 0x20000000, 0x40000000
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC, _MS_BIND, _MS_REC, _MS_PRIVATE = 2, 4, 8, 4096, 16384, 1 << 18
+_MNT_DETACH = 2
+_PR_SET_PDEATHSIG = 1
+
+
+# =====================================================================================================
+# Child side (runs inside the sandbox; standard library only, fp8eval is not importable under -I)
+# =====================================================================================================
+def _libc():
+    import ctypes
+
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _unshare(flags: int) -> bool:
+    return _libc().unshare(flags) == 0
+
+
+def _mount(source, target, fstype, flags, data=None) -> bool:
+    enc = lambda s: None if s is None else s.encode()  # noqa: E731
+    return _libc().mount(enc(source), enc(target), enc(fstype), flags, enc(data)) == 0
+
+
+def _write_file(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def _enter_namespaces(is_root: bool) -> dict:
+    """Try the full set, then network only, then nothing. Returns what took."""
+    uid, gid = os.getuid(), os.getgid()
+    user = 0 if is_root else _CLONE_NEWUSER
+    for flags in (user | _CLONE_NEWNET | _CLONE_NEWPID | _CLONE_NEWNS, user | _CLONE_NEWNET):
+        if _unshare(flags):
+            if user:
+                # Identity map: the program keeps its own uid, but counts (RLIMIT_NPROC) are per namespace.
+                _write_file("/proc/self/setgroups", "deny")
+                _write_file("/proc/self/uid_map", f"{uid} {uid} 1")
+                _write_file("/proc/self/gid_map", f"{gid} {gid} 1")
+            return {
+                "userns": bool(user),
+                "netns": True,
+                "pidns": bool(flags & _CLONE_NEWPID),
+                "mountns": bool(flags & _CLONE_NEWNS),
+            }
+    return dict(_NO_NAMESPACES)
+
+
+_NO_NAMESPACES = {"userns": False, "netns": False, "pidns": False, "mountns": False}
+
+
+def _under(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def _setup_mounts(cfg: dict) -> str | None:
+    """Private /tmp (the work dir), /var/tmp, /dev/shm; tmpfs over the homes, Python put back; fresh
+    /proc. Returns the work dir, or None when the private /tmp could not be made."""
+    os.umask(0o022)
+    if not _mount(None, "/", None, _MS_REC | _MS_PRIVATE):
+        return None
+    tmp_opts = f"size={TMPFS_SIZE},mode=1777"
+    if not _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, tmp_opts):
+        return None
+    for extra in ("/var/tmp", "/dev/shm"):
+        if os.path.isdir(extra):
+            _mount("tmpfs", extra, "tmpfs", _MS_NOSUID | _MS_NODEV, tmp_opts)
+    hides = [h for h in cfg["hide"] if os.path.isdir(h) and not _under("/tmp", h)]
+    staged = []
+    for i, keep in enumerate(cfg["keep"]):
+        if os.path.isdir(keep) and any(_under(keep, h) for h in hides):
+            stage = f"/tmp/.keep{i}"
+            os.mkdir(stage)
+            if _mount(keep, stage, None, _MS_BIND | _MS_REC):
+                staged.append((keep, stage))
+    for h in hides:
+        _mount("tmpfs", h, "tmpfs", _MS_NOSUID | _MS_NODEV, "size=1m,mode=755")
+    for keep, stage in staged:
+        os.makedirs(keep, mode=0o755, exist_ok=True)
+        _mount(stage, keep, None, _MS_BIND | _MS_REC)
+        _libc().umount2(stage.encode(), _MNT_DETACH)
+        os.rmdir(stage)
+    _mount("proc", "/proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC)
+    work = "/tmp/work"
+    os.mkdir(work, 0o700)
+    return work
+
+
+def _world_readable(path: str) -> bool:
+    """Can any uid list `path` (every directory above it searchable by others)?"""
+    import stat
+
+    parts = os.path.realpath(path).split("/")
+    for i in range(2, len(parts) + 1):
+        mode = os.stat("/".join(parts[:i]) or "/").st_mode
+        if not mode & stat.S_IXOTH:
+            return False
+    return bool(os.stat(path).st_mode & stat.S_IROTH)
+
+
+def _set_limits(cfg: dict, nproc: bool) -> None:
+    import resource
+
+    cpu = int(cfg["cpu_s"])
+    limits = {
+        resource.RLIMIT_CPU: (cpu, cpu + 1),
+        resource.RLIMIT_AS: (cfg["memory_bytes"], cfg["memory_bytes"]),
+        resource.RLIMIT_FSIZE: (cfg["output_limit"], cfg["output_limit"]),
+        resource.RLIMIT_CORE: (0, 0),
+        resource.RLIMIT_NOFILE: (256, 256),
+    }
+    if nproc:
+        limits[resource.RLIMIT_NPROC] = (cfg["nproc"], cfg["nproc"])
+    for res, val in limits.items():
+        resource.setrlimit(res, val)
+
+
+_BLOCKED_AUDIT_EVENTS = frozenset(
+    {"socket.__new__", "socket.connect", "socket.bind", "socket.sendto", "socket.getaddrinfo",
+     "socket.gethostbyname", "socket.gethostbyaddr"}
+)
+
+
+def _block_sockets_in_process() -> None:
+    # Fallback only (no network namespace). Audit hooks cannot be removed from Python code.
+    def hook(event, args):
+        if event in _BLOCKED_AUDIT_EVENTS:
+            raise PermissionError("network access is disabled in the fp8eval sandbox")
+
+    sys.addaudithook(hook)
+
+
+def _arm(seconds: float) -> None:
+    """The official runner's per-test limit: signal.alarm, i.e. wall time of the program itself (not of
+    interpreter start-up). Here the alarm's default action ends the process; the harness reads -SIGALRM."""
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+
+
+def _run_program(cfg: dict, code: str) -> None:
+    """Runs in the final, restricted process. Exits with the program's status."""
+    try:
+        prelude = compile(PRELUDE, "prelude.py", "exec")
+        compiled = compile(code, "solution.py", "exec")
+    except BaseException as exc:  # noqa: BLE001
+        print(f"compile error: {exc!r}", file=sys.stderr)
+        os._exit(3)
+    timeout = float(cfg["timeout_s"])
+    if cfg["testtype"] == "stdin":
+        namespace = {"__name__": "__main__", "__builtins__": __builtins__}
+        exec(prelude, namespace)
+        _arm(timeout)
+        try:
+            exec(compiled, namespace)  # other exceptions propagate: traceback on stderr, exit status 1
+        except SystemExit:
+            # The official runner calls the program as a function and ignores SystemExit (whatever its
+            # code): what was printed before sys.exit(1) is judged.
+            pass
+        _arm(0)
+        sys.stdout.flush()
+        return
+    namespace = {"__name__": "solution", "__builtins__": __builtins__}
+    exec(prelude, namespace)
+    _arm(timeout)  # the official runner gives the module's own top-level code one limit...
+    exec(compiled, namespace)
+    _arm(0)
+    # ...looks the method up on Solution() when the text has "class Solution", else on the module...
+    target = namespace["Solution"]() if "class Solution" in code else None
+    method = getattr(target, cfg["func_name"]) if target is not None else namespace[cfg["func_name"]]
+    args = [json.loads(line) for line in cfg["input"].split("\n")]
+    _arm(timeout)  # ...and each call another
+    result = method(*args)
+    _arm(0)
+    if isinstance(result, tuple):  # as the official runner: a top-level tuple counts as a list
+        result = list(result)
+    os.write(cfg["result_fd"], json.dumps({"result": encode_result(result)}).encode())
+
+
+def encode_result(x):
+    """JSON that keeps what the official in-process `==` would see: nested tuples stay tuples, dicts keep
+    non-string keys, numpy scalars become the Python numbers they equal; anything else is opaque (equal
+    to no expected value). fp8eval.scoring.sandbox.compare decodes it."""
+    if x is None or isinstance(x, (bool, int, float, str)):
+        return x
+    if isinstance(x, list):
+        return [encode_result(v) for v in x]
+    if isinstance(x, tuple):
+        return {"__tuple__": [encode_result(v) for v in x]}
+    if isinstance(x, dict):
+        return {"__dict__": [[encode_result(k), encode_result(v)] for k, v in x.items()]}
+    if type(x).__module__ == "numpy" and getattr(x, "ndim", None) == 0 and hasattr(x, "item"):
+        return encode_result(x.item())
+    return {"__opaque__": repr(x)[:200]}
+
+
+def _child_main(cfg: dict) -> None:
+    with open(cfg["code_path"], encoding="utf-8") as f:
+        code = f.read()
+    is_root = os.getuid() == 0
+    iso = _enter_namespaces(is_root) if cfg["namespaces"] else dict(_NO_NAMESPACES)
+    if iso["pidns"]:
+        # The next process is pid 1 of the new namespace; when it exits, the kernel kills the rest.
+        pid = os.fork()
+        if pid:
+            _, status = os.waitpid(pid, 0)
+            os._exit(os.waitstatus_to_exitcode(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
+        _libc().prctl(_PR_SET_PDEATHSIG, 9)
+    work = _setup_mounts(cfg) if iso["mountns"] else None
+    iso["private_tmp"] = work is not None
+    work = work or cfg["workdir"]
+    uid = cfg.get("uid")
+    if is_root and uid is not None:
+        os.chown(work, uid, uid)
+        if not _world_readable(os.path.dirname(os.__file__)):
+            for name in PRELOAD:
+                __import__(name)
+    _set_limits(cfg, nproc=not is_root and iso["userns"] or (is_root and uid is not None))
+    if is_root and uid is not None:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
+    iso["uid"] = os.getuid()
+    os.chdir(work)
+    os.environ.clear()
+    os.environ.update({"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": work})
+    if not iso["netns"]:
+        _block_sockets_in_process()
+        iso["socket_block"] = "audit-hook"
+    os.write(cfg["iso_fd"], json.dumps(iso).encode())
+    os.close(cfg["iso_fd"])
+    sys.stdout.reconfigure(encoding="utf-8", errors="replace")
+    _run_program(cfg, code)
+
+
+if __name__ == "__main__":
+    _child_main(json.loads(sys.argv[1]))
