@@ -318,6 +318,12 @@ class ServerEngine:
         clients counts their work too)."""
         return vc.prefill_stats(self._prefill)
 
+    def loglikelihood(self, requests: Iterable[Request]) -> Iterator[Completion]:
+        """Scoring requests: /tokenize, then /v1/completions with echo and logprobs (vllm_scoring)."""
+        from fp8eval.engines.vllm_scoring import server_loglikelihood
+
+        return server_loglikelihood(self, requests)
+
     def generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
         before = self._counters() if self._prefill is not None else None
         finished = False

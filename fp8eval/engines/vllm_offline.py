@@ -213,6 +213,17 @@ class VLLMOfflineEngine:
                     raise EngineError(f"vLLM failed while generating: {detail}. {vc.known_failure_hint(cause)}"
                                       f"Log: {self.log_path}. Records written so far are kept; rerun to resume.")
 
+    def loglikelihood(self, requests: Iterable[Request]) -> Iterator[Completion]:
+        """Scoring requests (fp8eval.engines.vllm_scoring.worker_score: prompt_logprobs in the worker)."""
+        with self._lock:
+            self._send({"op": "score", "requests": [_request_json(r) for r in requests]})
+            msg = self._recv()
+        if msg.get("op") == "error":
+            raise EngineError(f"vLLM failed while scoring: {msg.get('type')}: {msg.get('message')}. "
+                              f"Log: {self.log_path}. Records written so far are kept; rerun to resume.")
+        for comp in msg["completions"]:
+            yield _completion_from_json(comp)
+
     def close(self) -> None:
         child, self._child = self._child, None
         if child is None:
@@ -236,7 +247,7 @@ class VLLMOfflineEngine:
 def _request_json(r: Request) -> dict:
     return {"id": r.id, "messages": list(r.messages), "n": r.n, "seeds": list(r.seeds),
             "sampling": dict(r.sampling), "chat_template_kwargs": dict(r.chat_template_kwargs or {}),
-            "prompt_text": r.prompt_text}
+            "prompt_text": r.prompt_text, "logprob_pairs": [list(p) for p in r.logprob_pairs]}
 
 
 def _completion_from_json(d: dict) -> Completion:
@@ -436,6 +447,11 @@ def _worker_main() -> int:
             elif op == "run":
                 batch, queue = queue, []
                 worker.run(batch)
+            elif op == "score":
+                from fp8eval.engines.vllm_scoring import worker_score
+
+                worker.send({"op": "scored", "completions": worker_score(
+                    worker.llm, worker.tokenizer, worker.max_model_len, msg["requests"])})
             elif op == "close":
                 break
         except Exception as e:  # noqa: BLE001
