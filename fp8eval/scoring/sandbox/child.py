@@ -11,36 +11,23 @@ import sys
 
 TMPFS_SIZE = "256m"
 
-# Star imports the official LiveCodeBench runner makes available to every solution (LeetCode stubs use
-# List, Optional, ... without importing typing; AtCoder solutions often rely on gcd, deque, ...).
-PRELUDE = """\
-import sys, os, math, re, string, json, heapq, bisect, random, itertools, functools, operator, \
-collections, statistics, copy, datetime, io
-from string import *
-from re import *
-from datetime import *
-from collections import *
-from heapq import *
-from bisect import *
-from copy import *
-from math import *
-from random import *
-from statistics import *
-from itertools import *
-from functools import *
-from operator import *
-from io import *
-from sys import *
-from json import *
-from builtins import *
-from typing import *
-sys.setrecursionlimit(50000)
-"""
+# The official runner's prelude, the same statements in the same order (so `datetime` is the module, and
+# `os` is not imported for the program): LeetCode stubs use List, Optional, ... without importing typing;
+# AtCoder solutions often rely on gcd, deque, ...
+PRELUDE = (
+    "from string import *\nfrom re import *\nfrom datetime import *\nfrom collections import *\n"
+    "from heapq import *\nfrom bisect import *\nfrom copy import *\nfrom math import *\nfrom random import *\n"
+    "from statistics import *\nfrom itertools import *\nfrom functools import *\nfrom operator import *\n"
+    "from io import *\nfrom sys import *\nfrom json import *\nfrom builtins import *\nfrom typing import *\n"
+    "import string\nimport re\nimport datetime\nimport collections\nimport heapq\nimport bisect\nimport copy\n"
+    "import math\nimport random\nimport statistics\nimport itertools\nimport functools\nimport operator\n"
+    "import io\nimport sys\nimport json\nsys.setrecursionlimit(50000)\n"
+)
 
 # Imported before privileges are dropped: when the interpreter lives where the dropped uid cannot read
 # (e.g. under /root) and no mount namespace can bind it back, these are all a program can import.
 PRELOAD = (
-    "sys os math re string json heapq bisect random itertools functools operator collections "
+    "ast unittest.mock faulthandler importlib sys os math re string json heapq bisect random itertools functools operator collections "
     "statistics copy datetime io typing fractions decimal array numbers textwrap time dataclasses enum "
     "struct threading queue cmath pprint unicodedata calendar hashlib types abc contextlib glob shutil "
     "signal socket subprocess pathlib tempfile traceback warnings weakref inspect uuid base64 zlib"
@@ -194,42 +181,189 @@ def _timed_out(signum, frame) -> None:
 
 
 def _run_program(cfg: dict, code: str) -> None:
-    """Runs in the final, restricted process. Exits with the program's status."""
+    """Runs in the final, restricted process, as the official runner runs a program: a stdin program is
+    rewritten into a function and called with the official stdin stand-ins and stdout capture; a functional
+    one is executed as a module and its method called. Exits with the program's status."""
+    inputs = cfg["input"]
+    sys.set_int_max_str_digits(50000)  # set by the official runner's process (compute_code_generation_metrics)
+    if cfg["testtype"] == "stdin":
+        _run_stdin(cfg, code, inputs)
+        return
     try:
-        prelude = compile(PRELUDE, "prelude.py", "exec")
-        compiled = compile(code, "solution.py", "exec")
+        compiled = compile(PRELUDE + "\n\n" + code, "solution.py", "exec")
     except BaseException as exc:  # noqa: BLE001
         print(f"compile error: {exc!r}", file=sys.stderr)
         os._exit(3)
-    timeout = float(cfg["timeout_s"])
-    if cfg["testtype"] == "stdin":
-        namespace = {"__name__": "__main__", "__builtins__": __builtins__}
-        exec(prelude, namespace)
-        _arm(timeout)
-        try:
-            exec(compiled, namespace)  # other exceptions propagate: traceback on stderr, exit status 1
-        except SystemExit:
-            # The official runner calls the program as a function and ignores SystemExit (whatever its
-            # code): what was printed before sys.exit(1) is judged.
-            pass
-        _arm(0)
-        sys.stdout.flush()
-        return
     namespace = {"__name__": "solution", "__builtins__": __builtins__}
-    exec(prelude, namespace)
-    _arm(timeout)  # the official runner gives the module's own top-level code one limit...
+    _guard()
+    _arm(float(cfg["timeout_s"]))  # the official runner gives the module's own top-level code one limit...
     exec(compiled, namespace)
     _arm(0)
     # ...looks the method up on Solution() when the text has "class Solution", else on the module...
     target = namespace["Solution"]() if "class Solution" in code else None
     method = getattr(target, cfg["func_name"]) if target is not None else namespace[cfg["func_name"]]
-    args = [json.loads(line) for line in cfg["input"].split("\n")]
-    _arm(timeout)  # ...and each call another
+    args = [json.loads(line) for line in inputs.split("\n")]
+    _arm(float(cfg["timeout_s"]))  # ...and each call another
     result = method(*args)
     _arm(0)
     if isinstance(result, tuple):  # as the official runner: a top-level tuple counts as a list
         result = list(result)
     os.write(cfg["result_fd"], json.dumps({"result": encode_result(result)}).encode())
+
+
+def as_function(code: str) -> str:
+    """The official stdin rewrite: a final `if __name__ == '__main__':` block is inlined, top-level imports stay
+    at module level after the prelude, everything else becomes the body of `wrapped_function()`. Code that does
+    not parse is left as it is (it then has no wrapped_function and fails, as officially)."""
+    import ast
+
+    try:
+        tree = ast.parse(code)
+        last = tree.body[-1] if tree.body else None
+        if isinstance(last, ast.If) and ast.unparse(last.test).strip() == "__name__ == '__main__'":
+            code = ast.unparse(tree.body[:-1]) + "\n" + ast.unparse(last.body)
+    except Exception:  # noqa: BLE001 - as officially: leave it
+        pass
+    try:
+        tree = ast.parse(code)
+        imports = [s for s in tree.body if isinstance(s, (ast.Import, ast.ImportFrom))]
+        body = [s for s in tree.body if not isinstance(s, (ast.Import, ast.ImportFrom))]
+        fn = ast.FunctionDef(name="wrapped_function", args=ast.arguments(posonlyargs=[], args=[], kwonlyargs=[],
+                             kw_defaults=[], defaults=[]), body=body, decorator_list=[], lineno=-1)
+        return PRELUDE + "\n" + ast.unparse(imports) + "\n" + ast.unparse(fn)
+    except Exception:  # noqa: BLE001
+        return code
+
+
+class OfficialStdin:
+    """The official runner's sys.stdin stand-in: read() is the whole input, readline() reads on, readlines()
+    is the input split at newlines (no line endings), buffer.read() the bytes, buffer.readline() always the
+    first line; it cannot be iterated (`for line in sys.stdin` fails there, so it fails here)."""
+
+    def __init__(self, inputs: str):
+        import io
+
+        self._inputs = inputs
+        self._io = io.StringIO(inputs)
+        self.buffer = _OfficialBuffer(inputs)
+
+    def read(self, *args):
+        return self._inputs
+
+    def readline(self, *args):
+        return self._io.readline(*args)
+
+    def readlines(self, *args):
+        return self._inputs.split("\n")
+
+    def __getattr__(self, name):
+        return getattr(self._io, name)
+
+
+class _OfficialBuffer:
+    def __init__(self, inputs: str):
+        self._data = inputs.encode("utf-8")
+
+    def read(self, *args):
+        return self._data
+
+    def readline(self, *args):
+        return self._data.split(b"\n")[0] + b"\n"
+
+
+class _Capture(__import__("io").StringIO):
+    """The official stdout capture (a StringIO: no .buffer), ended past the output limit with the status
+    a file-size limit gives (128 + SIGXFSZ), which the harness judges output_limit."""
+
+    def __init__(self, limit: int):
+        super().__init__()
+        self._left = limit
+
+    def write(self, text):
+        self._left -= len(text)
+        if self._left < 0:
+            os._exit(128 + 25)
+        return super().write(text)
+
+
+def _run_stdin(cfg: dict, code: str, inputs: str) -> None:
+    import io
+    from unittest.mock import mock_open, patch
+
+    source = as_function(code)
+    try:
+        compiled = compile(source, "solution.py", "exec")
+    except BaseException as exc:  # noqa: BLE001
+        print(f"compile error: {exc!r}", file=sys.stderr)
+        os._exit(3)
+    namespace = {"__name__": "tmp_sol", "__builtins__": __builtins__}
+    _guard()
+    timeout = float(cfg["timeout_s"])
+    _arm(timeout)
+    exec(compiled, namespace)
+    if "class Solution" in source:  # the official runner instantiates it even for stdin programs
+        namespace["Solution"]()
+    _arm(0)
+    method = namespace["wrapped_function"]
+    lines = iter(inputs.split("\n"))
+    real_stdout, captured = sys.stdout, _Capture(int(cfg["output_limit"]))
+    captured.close = lambda x: 1  # as the official capture (closing it is an error there)
+    # The official patches, in the order they take effect: the real stdin's read/readlines/readline (so a
+    # `from sys import stdin` bound earlier reads the input, line endings dropped), then sys.stdin itself,
+    # then builtins.open (the prelude's `from io import *` shadows it for most programs).
+    patches = [patch("sys.stdin.read", lambda *a: inputs), patch("sys.stdin.readlines", lambda *a: inputs.split("\n")),
+               patch("sys.stdin.readline", lambda *a: next(lines)), patch("sys.stdin", OfficialStdin(inputs)),
+               patch("builtins.open", mock_open(read_data=inputs))]
+    for p in patches:
+        p.start()
+    sys.stdout = captured
+    failed = False
+    try:
+        _arm(timeout)
+        method()
+    except SystemExit:
+        pass  # ignored officially, whatever its code: what was printed is judged
+    except BaseException:  # noqa: BLE001 - a runtime error: the traceback goes to stderr
+        import traceback
+
+        failed = True
+        traceback.print_exc()
+    finally:
+        _arm(0)
+        sys.stdout = real_stdout
+        for p in reversed(patches):
+            p.stop()
+    if failed:
+        os._exit(1)
+    os.write(cfg["result_fd"], captured.getvalue().encode("utf-8", "replace"))
+
+
+# What the official runner's reliability_guard takes away from a program (calling them fails there).
+_GUARDED = {"os": "kill system putenv remove removedirs rmdir fchdir setuid fork forkpty killpg rename renames "
+                  "truncate replace unlink fchmod fchown chmod chown chroot lchflags lchmod lchown getcwd chdir",
+            "shutil": "rmtree move chown", "subprocess": "Popen"}
+
+
+def _guard() -> None:
+    import builtins
+    import faulthandler
+    import importlib
+
+    try:  # the official runner's process has numpy loaded before its guard (numpy's import calls os.putenv)
+        importlib.import_module("numpy")
+    except ImportError:
+        pass
+    faulthandler.disable()
+    builtins.quit = None
+    builtins.help = None
+    os.environ["OMP_NUM_THREADS"] = "1"
+    for module, names in _GUARDED.items():
+        mod = importlib.import_module(module)
+        for name in names.split():
+            if hasattr(mod, name):
+                setattr(mod, name, None)
+    for name in ("ipdb", "joblib", "resource", "psutil", "tkinter"):
+        sys.modules[name] = None
 
 
 def encode_result(x):
@@ -252,6 +386,8 @@ def encode_result(x):
 def _child_main(cfg: dict) -> None:
     with open(cfg["code_path"], encoding="utf-8") as f:
         code = f.read()
+    with os.fdopen(cfg.pop("input_fd"), encoding="utf-8") as f:  # closed before the program runs
+        cfg["input"] = f.read()
     is_root = os.getuid() == 0
     iso = _enter_namespaces(is_root) if cfg["namespaces"] else dict(_NO_NAMESPACES)
     if iso["pidns"]:

@@ -157,14 +157,15 @@ def _run_one(code_path: str, test: dict, testtype: str, func_name: str | None, t
     uid = ROOT_UID_BASE + slot if is_root else None
     run_dir = tempfile.mkdtemp(prefix="fp8eval-sbx-")  # harness-only (0700): stdio files live here
     work = tempfile.mkdtemp(prefix="fp8eval-work-")  # used only when no private /tmp can be made
-    paths = {k: os.path.join(run_dir, k) for k in ("stdin", "stdout", "stderr", "result", "iso")}
-    with open(paths["stdin"], "w", encoding="utf-8") as f:
-        f.write(test["input"] if testtype == "stdin" else "")
+    paths = {k: os.path.join(run_dir, k) for k in ("stdin", "input", "stdout", "stderr", "result", "iso")}
+    # The program's real stdin is empty, as in the official runner's worker process: the input reaches it
+    # through the official stand-ins (child.OfficialStdin), read by the child from its own descriptor.
+    with open(paths["stdin"], "w", encoding="utf-8"), open(paths["input"], "w", encoding="utf-8") as f:
+        f.write(test["input"])
     cfg = {
         "code_path": code_path,
         "testtype": testtype,
         "func_name": func_name,
-        "input": test["input"] if testtype == "functional" else "",
         "cpu_s": math.ceil(timeout_s) + 1,
         "timeout_s": timeout_s,
         "memory_bytes": memory_mb << 20,
@@ -182,12 +183,12 @@ def _run_one(code_path: str, test: dict, testtype: str, func_name: str | None, t
     try:
         with open(paths["stdin"], "rb") as fin, open(paths["stdout"], "wb") as fout, \
                 open(paths["stderr"], "wb") as ferr, open(paths["result"], "wb") as fres, \
-                open(paths["iso"], "wb") as fiso:
-            cfg["result_fd"], cfg["iso_fd"] = fres.fileno(), fiso.fileno()
+                open(paths["iso"], "wb") as fiso, open(paths["input"], "rb") as finput:
+            cfg["result_fd"], cfg["iso_fd"], cfg["input_fd"] = fres.fileno(), fiso.fileno(), finput.fileno()
             proc = subprocess.Popen(
                 [sys.executable, "-I", os.path.abspath(child.__file__), json.dumps(cfg)],
                 stdin=fin, stdout=fout, stderr=ferr,
-                pass_fds=(fres.fileno(), fiso.fileno()), start_new_session=True, close_fds=True,
+                pass_fds=(fres.fileno(), fiso.fileno(), finput.fileno()), start_new_session=True, close_fds=True,
                 env={"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"},
                 cwd="/",
             )
@@ -221,7 +222,7 @@ def _run_one(code_path: str, test: dict, testtype: str, func_name: str | None, t
         shutil.rmtree(work, ignore_errors=True)
 
 
-_SIGXCPU, _SIGALRM = 24, 14
+_SIGXCPU, _SIGALRM, _SIGXFSZ = 24, 14, 25
 
 
 def _judge(paths: dict, test: dict, testtype: str, returncode: int | None, timed_out: bool,
@@ -230,12 +231,12 @@ def _judge(paths: dict, test: dict, testtype: str, returncode: int | None, timed
     if timed_out or returncode in (-_SIGXCPU, 128 + _SIGXCPU, -_SIGALRM, 128 + _SIGALRM):
         return Verdict(False, "timeout", exit_code=returncode, stderr_tail=tail)
     sizes = [os.path.getsize(paths[k]) for k in ("stdout", "stderr", "result")]
-    if max(sizes) >= output_limit:
+    if max(sizes) >= output_limit or returncode in (-_SIGXFSZ, 128 + _SIGXFSZ):
         return Verdict(False, "output_limit", exit_code=returncode, stderr_tail=tail)
     if returncode != 0:
         return Verdict(False, "runtime_error", exit_code=returncode, stderr_tail=tail)
-    if testtype == "stdin":
-        with open(paths["stdout"], "rb") as f:
+    if testtype == "stdin":  # what the program printed through sys.stdout, as the official capture sees it
+        with open(paths["result"], "rb") as f:
             ok = compare_stdout(f.read().decode("utf-8", "replace"), test["output"])
     else:
         with open(paths["result"], "rb") as f:
