@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.lcb_parity import FUNCTIONAL_PROBES, STDIN_PROBES, ours_functional, ours_stdin
 from fp8eval.scoring.code import extract_code
 from fp8eval.scoring.sandbox import run_tests_detailed
 from fp8eval.tasks.livecodebench import in_window
@@ -59,40 +60,15 @@ def test_date_window_includes_the_end_date():
     assert not in_window("2025-01-31T23:00:00", "2025-02-01", "2025-05-01")
 
 
-# Official verdicts of stdin idioms, observed with lcb_runner's own check_correctness (LiveCodeBench commit
-# 28fef95, testing_util.py + compute_code_generation_metrics.py run as they are) on input "3\n1 2 3\n",
-# expected "6\n". The official runner calls the program as a function under mocked stdin / captured stdout.
-SUM = "n=int(input())\nprint(sum(map(int,input().split())))"
-OFFICIAL_STDIN = {
-    "from sys import stdin": ("from sys import stdin\nn=int(stdin.readline())\n"
-                              "print(sum(map(int,stdin.readline().split())))", True),
-    "for line in sys.stdin": ("import sys\nls=[l for l in sys.stdin]\nprint(sum(map(int,ls[1].split())))", False),
-    "sys.stdin.buffer.readline": ("import sys\ninput=sys.stdin.buffer.readline\n" + SUM, False),
-    "sys.stdin.buffer.read": ("import sys\nd=sys.stdin.buffer.read().split()\nprint(sum(map(int,d[1:])))", True),
-    "sys.stdout.buffer.write": ("import sys\nd=sys.stdin.read().split()\n"
-                                "sys.stdout.buffer.write(str(sum(map(int,d[1:]))).encode())", False),
-    "open(0)": ("d=open(0).read().split()\nprint(sum(map(int,d[1:])))", False),
-    "os.write(1)": ("import os\nn=int(input())\nos.write(1, (str(sum(map(int,input().split())))+'\\n').encode())",
-                    False),
-    "global at top level": ("s=0\ndef add(v):\n    global s\n    s+=v\nn=int(input())\n"
-                            "for v in map(int,input().split()):\n    add(v)\nprint(s)", False),
-    "__main__ guard": ("def main():\n" + "".join("    " + line + "\n" for line in SUM.split("\n"))
-                       + "if __name__ == '__main__':\n    main()", True),
-    "exit()": (SUM + "\nexit()", True),
-    "os without import": ("n=int(input())\nprint(sum(map(int,input().split())) if os.sep else 0)", False),
-    "datetime is the module": ("n=int(input())\nprint(sum(map(int,input().split()))"
-                               " + datetime.date(2020,1,1).day - 1)", True),
-    "os.getcwd (guarded)": ("import os\nos.getcwd()\n" + SUM, False),
-    "10**6000 printed": ("n=int(input())\nv=list(map(int,input().split()))\nprint(len(str(10**6000))-6001+sum(v))",
-                         True),
-    "input() until EOFError": ("tot=0\nn=int(input())\nwhile True:\n    try:\n        line=input()\n"
-                               "    except EOFError:\n        break\n    tot+=sum(map(int,line.split()))\nprint(tot)",
-                               True),
-}
+# Every probe of benchmarks/lcb_parity.py gives the verdict the official evaluator gave (recorded there;
+# `python benchmarks/lcb_parity.py --lcb-repo <LiveCodeBench checkout>` asks it again).
+@pytest.mark.parametrize("name", sorted(STDIN_PROBES))
+def test_stdin_probe_as_official(name):
+    code, official = STDIN_PROBES[name]
+    assert ours_stdin(code) is official
 
 
-@pytest.mark.parametrize("name", sorted(OFFICIAL_STDIN))
-def test_stdin_idioms_as_official(name):
-    code, official = OFFICIAL_STDIN[name]
-    (v,) = run_tests_detailed(code, [{"input": "3\n1 2 3\n", "output": "6\n"}], "stdin", timeout_s=6.0)
-    assert v.passed is official, v
+@pytest.mark.parametrize("name", sorted(FUNCTIONAL_PROBES))
+def test_functional_probe_as_official(name):
+    code, fn, inputs, outputs, official = FUNCTIONAL_PROBES[name]
+    assert ours_functional(code, fn, inputs, outputs) is official

@@ -194,7 +194,7 @@ def _run_program(cfg: dict, code: str) -> None:
     except BaseException as exc:  # noqa: BLE001
         print(f"compile error: {exc!r}", file=sys.stderr)
         os._exit(3)
-    namespace = {"__name__": "solution", "__builtins__": __builtins__}
+    namespace = {"__name__": "tmp_sol", "__builtins__": __builtins__}  # the official module's name
     _guard()
     _arm(float(cfg["timeout_s"]))  # the official runner gives the module's own top-level code one limit...
     exec(compiled, namespace)
