@@ -78,17 +78,21 @@ class EngineConfig:
     fail_after: Optional[int] = None  # raise after this many requests (tests crash handling)
     # server engine
     base_url: Optional[str] = None  # attach to this OpenAI-compatible URL; null = start vllm serve
-    # Per-arm URLs (kv name -> URL) for external servers: the KV dtype is a server start-up flag, so a
-    # paired run needs a BF16 server and an FP8 server. An arm not listed uses base_url.
-    base_urls: dict[str, str] = field(default_factory=dict)
+    # Per-arm URLs (kv name -> URL, or a list of URLs: a replica pool, fp8eval.engines.pool) for external
+    # servers: the KV dtype is a server start-up flag, so a paired run needs a BF16 server and an FP8
+    # server. An arm not listed uses base_url.
+    base_urls: dict[str, Any] = field(default_factory=dict)
     api_key_env: str = "OPENAI_API_KEY"  # name of the environment variable; the key is never written
     served_model_name: Optional[str] = None
     concurrency: int = 8
-    request_timeout_s: float = 3600.0
+    request_timeout_s: float = 3600.0  # long enough for a 32k-token generation on a loaded server
     max_retries: int = 5
     startup_timeout_s: float = 1200.0
     trust_declared_kv: bool = False
     extra_flags: list[str] = field(default_factory=list)
+    # vLLM attention backend (FLASH_ATTN | FLASHINFER | TRITON_ATTN | FLASHMLA ...); null = vLLM picks.
+    # Passed the way the installed vLLM expects and checked against what it ran (fp8eval.engines.attention).
+    attention_backend: Optional[str] = None
     # vllm / server engines: where vLLM's own log goes (null: the Hydra run directory, else the cwd)
     log_dir: Optional[str] = None
 
@@ -106,6 +110,24 @@ class TaskConfig:
 class SuiteConfig:
     name: str = MISSING
     tasks: list[str] = MISSING  # task options, each run with its own conf/task/<name>.yaml
+
+
+@dataclass
+class PlanConfig:
+    """What an experiment costs, stated before it starts (`dry_run=true` prints it; fp8eval.plan)."""
+
+    gpus: Optional[int] = None  # GPUs one engine instance needs (tensor parallel x data parallel)
+    checkpoints: list[str] = field(default_factory=list)  # model options the experiment covers, one run each
+    # Per arm, when the task cannot say itself (fp8eval.plan estimates MRCR and NIAH from the task config).
+    requests_per_arm: Optional[int] = None
+    prefill_tokens_per_arm: Optional[float] = None
+    decode_tokens_per_arm: Optional[float] = None
+    # Throughput of one engine instance (tokens/s) and where that number comes from ("measured: ..." with
+    # the command, or "assumption: ..."): the GPU-hours are only as good as this.
+    prefill_tok_s: Optional[float] = None
+    decode_tok_s: Optional[float] = None
+    throughput_source: str = "assumption"
+    notes: str = ""
 
 
 @dataclass
@@ -127,23 +149,9 @@ class RunConfig:
     scoring_workers: Optional[int] = None
     progress: bool = True
     report: bool = True
+    # "I/N": this process does only shard I of N of the pending (sample, repeat) pairs (fp8eval.shard).
+    shard: Optional[str] = None
+    # Print the plan (GPUs, requests, prefill tokens, GPU-hours) and exit 0 without loading a model.
+    dry_run: bool = False
+    plan: PlanConfig = field(default_factory=PlanConfig)
 
-
-def register_configs() -> None:
-    from hydra.core.config_store import ConfigStore
-
-    from fp8eval.calibrate import register_resolvers
-    from fp8eval.tasks import task_config_classes
-
-    register_resolvers()  # ${calibrated:<strategy>} in conf/kv/fp8_calibrated.yaml, fp8_per_head.yaml
-    cs = ConfigStore.instance()
-    cs.store(name="run_schema", node=RunConfig)
-    # Schemas live in their own group so `--help` lists only real options under model/, kv/, ...;
-    # a YAML option extends one with `defaults: [/schema/<group>/<name>@_here_, _self_]`.
-    cs.store(group="schema/model", name="model", node=ModelConfig)
-    cs.store(group="schema/kv", name="kv", node=KVConfig)
-    cs.store(group="schema/engine", name="engine", node=EngineConfig)
-    cs.store(group="schema/task", name="task", node=TaskConfig)
-    cs.store(group="schema/suite", name="suite", node=SuiteConfig)
-    for name, cls in task_config_classes().items():
-        cs.store(group="schema/task", name=name, node=cls)

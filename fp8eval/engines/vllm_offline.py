@@ -20,6 +20,7 @@ import time
 import traceback
 from typing import Any, Iterable, Iterator
 
+from fp8eval.engines import attention
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
 from fp8eval.engines import vllm_common as vc
 
@@ -56,14 +57,16 @@ class VLLMOfflineEngine:
 
     def _start(self) -> None:
         vc.precheck_fp8_on_cpu(self.args)
-        env = vc.child_env(vc.cpu_threads(self.threads, self.args))
+        # engine.attention_backend: an engine arg for a vLLM that has it, else VLLM_ATTENTION_BACKEND.
+        launch_args, env = attention.for_launch(self.args, vc.child_env(vc.cpu_threads(self.threads, self.args)),
+                                                self.python)
         import subprocess
 
         self._child = vc.ChildProcess(
             [self.python, "-m", WORKER_MODULE, "--worker"], self.log_path, env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )
-        spec = {"engine_args": self.args}
+        spec = {"engine_args": launch_args}
         try:
             self._send(spec)
             reply = self._recv(timeout_s=float(getattr(self.cfg.engine, "startup_timeout_s", 1200.0)))

@@ -1,5 +1,5 @@
-"""Code scoring (LiveCodeBench): the code block as the official extraction finds it, the hub's compressed private tests, and
-pass@1 = every test passes in the sandbox (`fp8eval.scoring.sandbox`)."""
+"""Code scoring (LiveCodeBench): the code block as the official extraction finds it, the hub's compressed
+private tests, and pass@1 = every test passes in the sandbox (`fp8eval.scoring.sandbox`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ import pickle
 import zlib
 
 from fp8eval.tasks.base import Score
+from fp8eval.scoring.sandbox import run_tests_detailed
+
 
 def extract_code(text: str) -> str | None:
     """The official LiveCodeBench extraction: the lines between the last two lines that contain ``` anywhere
@@ -46,7 +48,6 @@ def decode_tests(field: str | list | None) -> list[dict]:
 def score_code(answer_text: str, tests: list[dict], testtype: str, func_name: str | None = None,
                timeout_s: float = 6.0) -> Score:
     """pass@1 for one completion. Tests after the first failing wave are not run (pass@1 is already 0)."""
-    from fp8eval.scoring.sandbox import run_tests_detailed
 
     code = extract_code(answer_text)
     if code is None:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fp8eval.errors import Fp8evalError
-from fp8eval.filehash import file_sha256
+from fp8eval.core.errors import Fp8evalError
+from fp8eval.core.filehash import file_sha256
 
 SUPPORTED_OUTPUT_TYPES = ("generate_until", "multiple_choice", "loglikelihood")
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
