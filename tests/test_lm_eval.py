@@ -12,7 +12,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, run_inprocess
 
 pytest.importorskip("lm_eval")
@@ -111,6 +110,13 @@ def test_exact_agreement_with_lm_eval(tmp_path):
                 if key.endswith("," + s["filter"]):
                     assert s[key.split(",")[0]] == details[key], (task, s["doc_id"], key)
     assert ours["gsm8k"]["exact_match,flexible-extract"] != ours["gsm8k"]["exact_match,strict-match"]
+    # the GPU script's comparison (scripts/gpu/lm_eval_compare.py), on these CPU results
+    from scripts.gpu.lm_eval_compare import compare
+
+    report = compare(summary, "bf16", theirs)["tasks"]
+    assert {t: (r["docs_same_metric"], r["docs_different_metric"], r["max_loglikelihood_abs_diff"])
+            for t, r in report.items()} == {"fp8eval_sums": (5, 0, 0.0), "fp8eval_colours": (4, 0, 0.0),
+                                            "gsm8k": (6, 0, 0.0)}
 
 
 def test_hub_task_offline_fails_at_once():

@@ -7,11 +7,11 @@ import sys
 import types
 
 import pytest
-
 from fake_openai_server import FakeOpenAIServer, echo_logprob, token_id, word_tokens
+from test_server_engine import BF16, make_cfg
+
 from fp8eval.engines.base import Request, decode_loglikelihoods
 from fp8eval.engines.server import ServerEngine
-from test_server_engine import BF16, make_cfg
 
 
 class Logprob:

@@ -17,7 +17,8 @@ import uuid
 
 import pytest
 
-from fp8eval.scoring.sandbox import compare_functional, compare_stdout, harness as sandbox, run_tests, run_tests_detailed
+from fp8eval.scoring.sandbox import compare_functional, compare_stdout, run_tests, run_tests_detailed
+from fp8eval.scoring.sandbox import harness as sandbox
 
 OK = [{"input": "", "output": "ok"}]
 T = 2.0  # per-test timeout for the hostile programs: the suite stays well under a minute on 2 cores

@@ -202,10 +202,14 @@ class ReferenceEngine:
 
     # --- generation ---------------------------------------------------------------------------------
     def generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
+        return self._each(requests, self._generate_one)
+
+    def _each(self, requests: Iterable[Request], one) -> Iterator[Completion]:
+        """One request at a time, under this arm's KV policy (the model is shared between arms)."""
         self._load()
         self._shared["active_policy"] = self._policy
         for req in requests:
-            yield self._generate_one(req)
+            yield one(req)
 
     def _generate_one(self, req: Request) -> Completion:
         import torch
@@ -274,10 +278,7 @@ class ReferenceEngine:
     def loglikelihood(self, requests: Iterable[Request]) -> Iterator[Completion]:
         """Scoring requests (fp8eval.engines.loglikelihood): one forward per (context, continuation), with the
         arm's KV policy, so the FP8 arm's context is read back from the quantized cache as in generation."""
-        self._load()
-        self._shared["active_policy"] = self._policy
-        for req in requests:
-            yield self._score_one(req)
+        return self._each(requests, self._score_one)
 
     def _score_one(self, req: Request) -> Completion:
         import torch

@@ -36,8 +36,15 @@ Modules: `harness` (processes, slots, uids, verdicts), `child` (the bootstrap th
 """
 
 from fp8eval.scoring.sandbox.compare import Verdict, compare_functional, compare_stdout
-from fp8eval.scoring.sandbox.harness import (DEFAULT_MEMORY_MB, DEFAULT_OUTPUT_LIMIT_BYTES, DEFAULT_TIMEOUT_S,
-                                             PRELUDE, isolation, run_tests, run_tests_detailed)
+from fp8eval.scoring.sandbox.harness import (
+                                             DEFAULT_MEMORY_MB,
+                                             DEFAULT_OUTPUT_LIMIT_BYTES,
+                                             DEFAULT_TIMEOUT_S,
+                                             PRELUDE,
+                                             isolation,
+                                             run_tests,
+                                             run_tests_detailed,
+)
 
 __all__ = ["Verdict", "compare_functional", "compare_stdout", "DEFAULT_MEMORY_MB", "DEFAULT_OUTPUT_LIMIT_BYTES",
            "DEFAULT_TIMEOUT_S", "PRELUDE", "isolation", "run_tests", "run_tests_detailed"]

@@ -4,6 +4,7 @@ fp8eval is not importable under -I."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -241,8 +242,6 @@ class OfficialStdin:
     first line; it cannot be iterated (`for line in sys.stdin` fails there, so it fails here)."""
 
     def __init__(self, inputs: str):
-        import io
-
         self._inputs = inputs
         self._io = io.StringIO(inputs)
         self.buffer = _OfficialBuffer(inputs)
@@ -271,7 +270,7 @@ class _OfficialBuffer:
         return self._data.split(b"\n")[0] + b"\n"
 
 
-class _Capture(__import__("io").StringIO):
+class _Capture(io.StringIO):
     """The official stdout capture (a StringIO: no .buffer), ended past the output limit with the status
     a file-size limit gives (128 + SIGXFSZ), which the harness judges output_limit."""
 
@@ -287,7 +286,6 @@ class _Capture(__import__("io").StringIO):
 
 
 def _run_stdin(cfg: dict, code: str, inputs: str) -> None:
-    import io
     from unittest.mock import mock_open, patch
 
     source = as_function(code)
