@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from fp8eval.scoring.sandbox import child
+import fp8eval.scoring.sandbox.child as child
 from fp8eval.scoring.sandbox.compare import Verdict, compare_functional, compare_stdout
 
 DEFAULT_TIMEOUT_S = 6.0  # the official LiveCodeBench per-test timeout
