@@ -108,7 +108,8 @@ def test_replica_killed_mid_run_every_sample_repeat_exactly_once(tmp_path):
     urls = ",".join(s.url for s in servers)
     args = ["engine=server", f"engine.base_urls.bf16=[{urls}]", "engine.concurrency=2", "engine.max_retries=2",
             "engine.request_timeout_s=5", "kv=bf16", "baseline=none", "task=aime25", "task.limit=15",
-            "task.repeats=2", "model.max_model_len=4096", "sampling.max_tokens=64"]
+            "task.repeats=2", "model.max_model_len=4096", "sampling.max_tokens=64",
+            "sampling.temperature=0.6"]
     victim = servers[1]
 
     def kill_when_it_has_answered():

@@ -28,6 +28,7 @@ from typing import Any, Iterable, Iterator
 from fp8eval.engines import async_bridge, attention
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
 from fp8eval.engines import vllm_common as vc
+from fp8eval.engines.vllm_scoring import server_loglikelihood
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -321,10 +322,7 @@ class ServerEngine:
         clients counts their work too)."""
         return vc.prefill_stats(self._prefill)
 
-    def loglikelihood(self, requests: Iterable[Request]) -> Iterator[Completion]:
-        """Scoring requests: /tokenize, then /v1/completions with echo and logprobs (vllm_scoring)."""
-        from fp8eval.engines.vllm_scoring import server_loglikelihood
-
+    def loglikelihood(self, requests: Iterable[Request]) -> Iterator[Completion]:  # scoring requests (vllm_scoring)
         return server_loglikelihood(self, requests)
 
     def generate(self, requests: Iterable[Request]) -> Iterator[Completion]:

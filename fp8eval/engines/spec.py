@@ -44,6 +44,16 @@ class ArmSpec:
         return self.kv.quantize_attention
 
     @property
+    def attention(self) -> str:
+        """The reference engine's FP8 attention emulation (kv_only | fa3_fp8 | qp_unit_scale)."""
+        return self.kv.attention
+
+    @property
+    def accumulation(self) -> str:
+        """The reference engine's P·V accumulation (exact | fast_fp8)."""
+        return self.kv.accumulation
+
+    @property
     def kv_cache_dtype(self) -> str:
         """The cache dtype this arm asks for ("auto" = the model's dtype, i.e. BF16 here)."""
         return str(self.engine_args.get("kv_cache_dtype", "auto"))

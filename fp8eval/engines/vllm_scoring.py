@@ -22,7 +22,27 @@ def _encoder(tok):
     return lambda text: list(tok.encode(text, add_special_tokens=False))
 
 
-# --- offline (runs in the vLLM worker process) -------------------------------------------------------
+# --- offline -----------------------------------------------------------------------------------------------
+def offline_loglikelihood(engine, requests: Iterable[Request], request_json, completion_from_json
+                          ) -> Iterator[Completion]:
+    """The parent side (VLLMOfflineEngine.loglikelihood): one "score" message, one reply with every completion;
+    the engine's own JSON converters are passed in."""
+    with engine._lock:
+        engine._send({"op": "score", "requests": [request_json(r) for r in requests]})
+        msg = engine._recv()
+    if msg.get("op") == "error":
+        raise EngineError(f"vLLM failed while scoring: {msg.get('type')}: {msg.get('message')}. "
+                          f"Log: {engine.log_path}. Records written so far are kept; rerun to resume.")
+    for comp in msg["completions"]:
+        yield completion_from_json(comp)
+
+
+def worker_reply(worker, msg: dict) -> dict:
+    """The worker side of a "score" message (runs in the vLLM worker process)."""
+    return {"op": "scored", "completions": worker_score(worker.llm, worker.tokenizer, worker.max_model_len,
+                                                         msg["requests"])}
+
+
 def worker_score(llm, tok, max_model_len: int, requests: list[dict]) -> list[dict]:
     """Completion dicts (as the worker sends them) for scoring requests given as request JSON."""
     from vllm import SamplingParams
