@@ -60,5 +60,6 @@ def score_code(answer_text: str, tests: list[dict], testtype: str, func_name: st
     first_fail = next((v for v in verdicts if not v.passed), None)
     details = {"n_tests": len(tests), "statuses": statuses}
     if first_fail is not None:
-        details["first_failure"] = {"status": first_fail.status, "stderr_tail": first_fail.stderr_tail[-500:]}
+        details["first_failure"] = {"status": first_fail.status, "exit_code": first_fail.exit_code,
+                                    "stderr_tail": first_fail.stderr_tail[-500:]}
     return Score(float(passed), code, details)
