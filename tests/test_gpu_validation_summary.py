@@ -45,7 +45,7 @@ def test_summary_names_the_closest_mode_and_niah_skips(tmp_path, capsys):
     (w / "probe").mkdir()
     (w / "probe" / "probe.json").write_text(json.dumps({"device": "H200", "seconds": 9, "lengths": [1024],
                                                         "rel_error": {"hardware_fast_accum": [5e-4]},
-                                                        "fit": {"best_bits": 13, "within_2x": True}}))
+                                                        "fit": {"best_align": "sum", "best_bits": 13, "within_2x": True}}))
     (w / "steps.tsv").write_text("probe\t0\t9\t\nniah_x\t-1\t0\tskipped: 10 s left, needs 50\n")
     assert S.main([str(w), str(out)]) == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -56,5 +56,5 @@ def test_summary_names_the_closest_mode_and_niah_skips(tmp_path, capsys):
     assert n["gemma_fp8_skip_sw"]["arms"]["fp8_skip_sw"]["preflight"]["kv_cache_dtype_skip_layers"] == ["sliding_window"]
     assert n["gemma_fp8_skip_sw"]["recovery"] == 75.0 and n["gemma_fp8"]["recovery"] == 90.0
     text = capsys.readouterr().out
-    assert "closest to the kernel: ref_fa3" in text and "skipped: 10 s left" in text and "13 fraction bits" in text
+    assert "closest to the kernel: ref_fa3" in text and "skipped: 10 s left" in text and "align=sum, 13 fraction bits" in text
     assert (out / "summary.txt").read_text().strip() == text.strip()

@@ -28,3 +28,21 @@ def test_emulated_curve_grows_with_length_and_promotion_stays_flat(tmp_path, cap
     assert fast[0] < fast[1] and max(promoted) < fast[1]
     assert 1e-5 < fast[0] < 1e-2
     assert (tmp_path / "probe.png").stat().st_size > 0
+
+
+def test_gpu_path_with_a_stand_in_for_the_hardware(monkeypatch):
+    """The GPU flow (hardware curves, emulation up to EMULATE_MAX, ratios, --fit) with _scaled_mm stubbed."""
+    monkeypatch.setattr(probe, "fp8_gpu_problem", lambda: None)
+    monkeypatch.setattr(probe, "hardware_errors",
+                        lambda p, v, ref: {"hardware_fast_accum": 1e-3, "hardware_promoted": 1e-4})
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "StandIn")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (9, 0))
+    real_inputs = probe.inputs
+    monkeypatch.setattr(probe, "inputs", lambda n, s, d: real_inputs(n, s, "cpu"))
+    monkeypatch.setattr(probe, "EMULATE_MAX", 1024)
+    r = probe.probe([1024, 2048], emulate_only=False, seeds=1, fit=True)
+    assert r["rel_error"]["hardware_fast_accum"] == [1e-3, 1e-3]
+    assert r["rel_error"]["emulated_fast_fp8"][1] is None  # beyond EMULATE_MAX on a GPU
+    assert r["emulated_over_hardware_fast"][0] == pytest.approx(r["rel_error"]["emulated_fast_fp8"][0] / 1e-3, rel=1e-2)
+    assert r["fit"]["best_bits"] in range(11, 18) and r["fit"]["lengths"] == [1024, 2048]
+    assert r["fit"]["best_align"] in ("products", "sum") and len(r["fit"]["by_candidate"]) == 14

@@ -39,6 +39,10 @@ from fp8eval.core.quant import fp8_roundtrip
 
 FAST_ACC_K = 32  # keys per FP8 WGMMA k-step (32 bytes of K per instruction)
 FAST_ACC_BITS = 13  # fraction bits kept below the leading bit: ~14 significant bits
+# What a k-step aligns and truncates: "products" (each exact product and the accumulator, the model above) or
+# "sum" (the step's exact sum and the accumulator: a coarser adder). `python -m fp8eval.probe --fit` on a GPU
+# says which, and which width, matches the hardware.
+FAST_ACC_ALIGN = "products"
 FA3_MAX_OFFSET = 8  # P = exp2(x - (max - 8)) lies in [0, 256]
 # Elements of one [heads, query rows, keys] score slice held at a time (~1 GiB in float32).
 _SLICE_ELEMENTS = 1 << 28
@@ -76,18 +80,25 @@ def aligned_sum(acc: torch.Tensor, terms: torch.Tensor, bits: int = FAST_ACC_BIT
 
 
 def fast_fp8_matmul(a: torch.Tensor, b: torch.Tensor, k_step: int = FAST_ACC_K, bits: int = FAST_ACC_BITS,
-                    order: torch.Tensor | None = None) -> torch.Tensor:
+                    order: torch.Tensor | None = None, align: str = FAST_ACC_ALIGN) -> torch.Tensor:
     """a [..., M, K] @ b [..., K, N] accumulated as an FP8 MMA without promotion (see the module docstring):
     per k-step of `k_step`, the exact products and the accumulator aligned to the largest exponent and
     truncated to `bits` fraction bits (`aligned_sum`).
 
-    `order`: the order in which the K indices are visited (default 0..K-1); returns float32.
+    `order`: the order in which the K indices are visited (default 0..K-1); `align`: "products" or "sum"
+    (FAST_ACC_ALIGN); returns float32.
     """
+    if align not in ("products", "sum"):
+        raise ValueError(f"align={align!r}; valid: products, sum")
     if order is not None:
         a, b = a.index_select(-1, order), b.index_select(-2, order)
     k = a.shape[-1]
     acc = torch.zeros(*a.shape[:-1], b.shape[-1], dtype=torch.float64, device=a.device)
     for start in range(0, k, k_step):
+        if align == "sum":
+            part = torch.matmul(a[..., start:start + k_step].double(), b[..., start:start + k_step, :].double())
+            acc = truncating_add(acc, part, bits)
+            continue
         terms = a[..., start:start + k_step].double().unsqueeze(-1) * b[..., start:start + k_step, :].double().unsqueeze(-3)
         acc = aligned_sum(acc, terms, bits)
     return acc.float()

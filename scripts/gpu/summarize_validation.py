@@ -145,11 +145,12 @@ def table(summary: dict) -> str:
         lines.append(f"probe on {p['device']} ({p['seconds']} s): relative error of FP8 P·V vs float64")
         lines.append(f"{'length':>9}" + "".join(f"{n:>22}" for n in names))
         for i, n in enumerate(p["lengths"]):
-            lines.append(f"{n:>9}" + "".join(f"{p['rel_error'][k][i]:>22.3e}" for k in names))
+            lines.append(f"{n:>9}" + "".join(f"{_fmt(p['rel_error'][k][i], '.3e'):>22}" for k in names))
         if p.get("fit"):
             f = p["fit"]
-            lines.append(f"emulated accumulator width closest to the hardware: {f['best_bits']} fraction bits "
-                         f"(within 2x at 1k-128k: {f['within_2x']})")
+            lines.append(f"emulated accumulator closest to the hardware: align={f.get('best_align', 'products')}, "
+                         f"{f['best_bits']} fraction bits (within 2x at 1k-128k: {f['within_2x']}); set "
+                         f"FAST_ACC_ALIGN / FAST_ACC_BITS in fp8eval/engines/attention_emulation.py to match")
     for name, r in summary["niah"].items():
         lines.append("")
         lines.append(f"niah {name} ({r['model']}): recovery {_fmt(r['recovery'], '.1f')} %")
