@@ -22,6 +22,7 @@ from fp8eval.core.seeds import derive_seed
 from fp8eval.engines import build_engine
 from fp8eval.engines.attention import check as check_attention_backend
 from fp8eval.engines.base import Request
+from fp8eval.engines.loglikelihood import send
 from fp8eval.engines.parallel import fingerprint_view
 from fp8eval.engines.prompting import prompt_text_for
 from fp8eval.metrics.arm import arm_summary, paired_recovery
@@ -124,7 +125,6 @@ class Runner:
         items: list[PlannedItem] = []
         count = task.ctx.count_tokens
         max_len = engine.max_model_len()
-        max_tokens = int(self.sampling["max_tokens"])
         all_samples = list(task.samples())
         check_samples(task.name, all_samples, getattr(self.cfg.task, "data_files", None))
         # A shard plans (and counts the tokens of) only its own samples.
@@ -143,8 +143,10 @@ class Runner:
                     items.append(PlannedItem(sample, repeat, None, None, None, str(e)))
                     continue
                 skip = None
-                if tokens + max_tokens > max_len:
-                    skip = (f"prompt {tokens} + max_tokens {max_tokens} tokens exceed max_model_len {max_len}; "
+                # A scoring prompt generates nothing; a prompt may bring its own max_tokens (lm-eval tasks).
+                budget = 0 if prompt.logprob_pairs else int(self.prompt_sampling(prompt)["max_tokens"])
+                if tokens + budget > max_len:
+                    skip = (f"prompt {tokens} + max_tokens {budget} tokens exceed max_model_len {max_len}; "
                             f"skipped, never truncated")
                 items.append(PlannedItem(sample, repeat, prompt, phash, tokens, skip))
             bar.update(1)
@@ -174,9 +176,23 @@ class Runner:
         return count
 
     def _request(self, rid: str, prompt: Prompt, n: int, seeds: list[int]) -> Request:
-        return Request(id=rid, messages=tuple(prompt.messages), n=n, seeds=tuple(seeds), sampling=dict(self.sampling),
+        return Request(id=rid, messages=tuple(prompt.messages), n=n, seeds=tuple(seeds),
+                       sampling=dict(self.prompt_sampling(prompt)),
                        chat_template_kwargs=dict(self.cfg.model.chat_template_kwargs),
-                       prompt_text=prompt_text_for(prompt.messages, prompt.prompt_text, self.cfg.model.chat_template))
+                       prompt_text=prompt_text_for(prompt.messages, prompt.prompt_text, self.cfg.model.chat_template),
+                       logprob_pairs=tuple(prompt.logprob_pairs))
+
+    def prompt_sampling(self, prompt: Prompt | None) -> dict:
+        """The run's sampling, with a prompt's own settings (an lm-eval task's stops) over the model's and the
+        task config's, and the user's top-level overrides over both."""
+        if prompt is None or not prompt.sampling:
+            return self.sampling
+        out = {**self.sampling, **prompt.sampling}
+        for f in dataclasses.fields(SamplingConfig):
+            v = getattr(self.cfg.sampling, f.name)
+            if v is not None:
+                out[f.name] = list(v) if f.name == "stop" else v
+        return out
 
     # --- fingerprint ---------------------------------------------------------------------------------------
     def fingerprint_material(self, task: Task, engine, arm: ArmSpec) -> dict:
@@ -302,7 +318,7 @@ class Runner:
             # still appended together (one write, one fsync) once their scores are in.
             scorer = Scorer(task, auto_workers(task, self.cfg.scoring_workers))
             try:
-                for comp in engine.generate(requests):
+                for comp in send(engine, requests):
                     sent += 1
                     its = by_id[comp.request_id]
                     if len(comp.choices) != len(its):  # an engine must answer every sequence (or error it)
@@ -328,7 +344,8 @@ class Runner:
             "schema": RECORD_SCHEMA, "arm": fp, "kv": kv.name, "task": task.name, "task_version": task.version,
             "sample_id": it.sample.id, "repeat": it.repeat,
             "seed": derive_seed(it.sample.id, it.repeat, self.cfg.seed), "groups": list(it.sample.groups),
-            "prompt_hash": it.prompt_hash, "prompt_tokens": it.prompt_tokens, "sampling": self.sampling,
+            "prompt_hash": it.prompt_hash, "prompt_tokens": it.prompt_tokens,
+            "sampling": self.prompt_sampling(it.prompt),
             "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         if choice is None:

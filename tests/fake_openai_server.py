@@ -9,10 +9,25 @@ answers (`faults`, or `fault_fn` for random ones): see FAULTS.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def word_tokens(text: str) -> list[str]:
+    """The fake tokenizer: each word with its leading whitespace is one token (BPE-like)."""
+    return re.findall(r"\s*\S+|\s+$", text)
+
+
+def token_id(piece: str) -> int:
+    return 10 + int.from_bytes(piece.encode(), "little") % 9973
+
+
+def echo_logprob(prev: int, tok: int) -> float:
+    """The fake model's log-probability of `tok` after `prev`; its top token is prev + 1."""
+    return -((prev * 7 + tok) % 11) / 4.0 - (0.0 if tok == prev + 1 else 0.5)
 
 
 def answer_for(messages: list[dict], index: int) -> str:
@@ -136,6 +151,19 @@ class FakeOpenAIServer:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 with server.lock:
                     server.auth_headers.append(self.headers.get("Authorization", ""))
+                if self.path == "/tokenize" and body.get("add_special_tokens") is not None and "prompt" in body:
+                    ids = [token_id(t) for t in word_tokens(body["prompt"])]
+                    ids = ([1] if body["add_special_tokens"] else []) + ids  # BOS id 1
+                    return self._send(200, {"count": len(ids), "max_model_len": server.max_model_len,
+                                            "tokens": ids})
+                if self.path == "/v1/completions" and body.get("echo"):
+                    ids = list(body["prompt"]) + [body["prompt"][-1] + 1]  # the greedy next token
+                    lps = [None] + [echo_logprob(a, b) for a, b in zip(ids, ids[1:])]
+                    tops = [None] + [{str(a + 1): echo_logprob(a, a + 1)} for a in ids[:-1]]
+                    logprobs = {"tokens": [str(t) for t in ids], "token_logprobs": lps, "top_logprobs": tops}
+                    return self._send(200, {"id": "cmpl-echo", "object": "text_completion", "model": server.model,
+                                            "choices": [{"index": 0, "text": str(ids[-1]), "logprobs": logprobs,
+                                                         "finish_reason": "length"}]})
                 if self.path == "/tokenize":
                     if "messages" in body:
                         text = " ".join(m["content"] for m in body["messages"])

@@ -195,6 +195,11 @@ class PoolEngine:
                 total[k] = total.get(k, 0.0) + v
         return total
 
+    def loglikelihood(self, requests: Iterable[Request]) -> Iterator[Completion]:
+        """Scoring requests on one live replica: the replicas agree on everything that can change a number,
+        and a scoring request is one prefill, so spreading them buys little."""
+        return self._live()[0].engine.loglikelihood(requests)
+
     def generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
         # Counters only when no replica was dropped during the call: a dead replica's work is lost.
         before = self._counters() if self._prefill is not None else None

@@ -31,6 +31,7 @@ from fp8eval.engines.server.answers import error_completion
 from fp8eval.engines.server.client import Endpoint
 from fp8eval.engines.server.managed import ManagedServerMixin
 from fp8eval.engines.server.preflight import PreflightMixin
+from fp8eval.engines.vllm_scoring import server_loglikelihood
 
 
 class ServerEngine(ManagedServerMixin, PreflightMixin):
@@ -154,6 +155,10 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
         """Prefill work of this arm from the server's counters (an external server shared with other
         clients counts their work too)."""
         return vc.prefill_stats(self._prefill)
+
+    def loglikelihood(self, requests: Iterable[Request]) -> Iterator[Completion]:
+        """Scoring requests (lm-eval's loglikelihood): /tokenize + echo logprobs (fp8eval.engines.vllm_scoring)."""
+        return server_loglikelihood(self, requests)
 
     def generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
         before = self._counters() if self._prefill is not None else None
