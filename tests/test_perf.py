@@ -112,7 +112,7 @@ def test_sweep_against_fake_law_servers(tmp_path):
     fp8 = LatencyLaw(itl_a_ms=24.0, itl_b_ms=1e-2, ttft_a_ms=22.0, ttft_c_ms=6e-5)
     with fake_server_process(bf16, model="m", max_model_len=2048, num_gpu_blocks=1000) as a, \
             fake_server_process(fp8, model="m", max_model_len=2048, cache_dtype="fp8", num_gpu_blocks=2000) as b:
-        cfg = compose_perf(["kv=fp8", f"engine.base_urls.bf16={a}", f"engine.base_urls.fp8={b}",
+        cfg = compose_perf(["kv=fp8", "engine.served_model_name=m", f"engine.base_urls.bf16={a}", f"engine.base_urls.fp8={b}",
                             "perf.client=builtin", "perf.sweep_points=3", "perf.sweep_requests=3",
                             "perf.sweep_output_tokens=12", "perf.warmup_requests=1", "perf.throughput_requests=6",
                             "perf.throughput_input=500", "perf.throughput_output=12", "perf.min_input=128",
@@ -144,7 +144,7 @@ def test_failed_arm_is_recorded_not_fatal(tmp_path):
 
     with FakeServer(FakeSettings(model="m", max_model_len=4096, law=LatencyLaw(itl_a_ms=1.0))) as a:
         # The fp8 arm points at a BF16 server: the KV check refuses it before any request.
-        cfg = compose_perf(["kv=fp8", f"engine.base_urls.bf16={a.url}", f"engine.base_urls.fp8={a.url}",
+        cfg = compose_perf(["kv=fp8", "engine.served_model_name=m", f"engine.base_urls.bf16={a.url}", f"engine.base_urls.fp8={a.url}",
                             "perf.client=builtin", "perf.lengths=[256,512]", "perf.sweep_requests=1",
                             "perf.sweep_output_tokens=4", "perf.warmup_requests=0", "perf.throughput=false",
                             "perf.measure_client_overhead=false", "perf.plots=false"])
