@@ -61,16 +61,31 @@ class KVConfig:
     # Reference engine only (vLLM runs its real kernel): how FP8 attention is emulated.
     # attention: kv_only (K/V rounded as the cache stores them) | fa3_fp8 (Q and P in FP8 as
     # FlashAttention-3's FP8 path does it) | qp_unit_scale (Q and normalised P in FP8 at scale 1.0);
-    # see fp8eval/engines/attention_emulation.py. Defaults stay out of record fingerprints.
-    attention: str = "kv_only"
+    # see fp8eval/engines/attention_emulation.py. fa3_fp8 is the default: of the three it came closest to
+    # the real FA3 kernel's divergence on an H200, in every position bucket (docs/gpu-validation.md).
+    attention: str = "fa3_fp8"
     # accumulation of P.V: exact | fast_fp8 (an FP8 tensor-core MMA without two-level promotion)
     accumulation: str = "exact"
     # Legacy spelling of attention=qp_unit_scale (kept so existing records keep their fingerprint).
     quantize_attention: bool = False
 
 
-# KVConfig fields whose default values stay out of record fingerprints (see Runner.fingerprint_material).
+# The emulation every record made before kv.attention / kv.accumulation existed had: at these values the
+# fields stay out of fingerprints, so those records keep theirs (see `kv_fingerprint_view`).
 KV_EMULATION_DEFAULTS = {"attention": "kv_only", "accumulation": "exact"}
+_BF16_CACHE = ("auto", "bfloat16", "bf16", "float16", "half")
+
+
+def kv_fingerprint_view(kv: dict) -> dict:
+    """A kv option's dict as fingerprints see it: the emulation knobs dropped where they change nothing,
+    i.e. at their pre-knob values, or on an arm without an FP8 cache (the reference engine emulates FP8
+    attention only on FP8 layers), so a BF16 baseline's fingerprint never depends on them."""
+    out = dict(kv)
+    cache = str((out.get("engine_args") or {}).get("kv_cache_dtype", "auto"))
+    for k, legacy in KV_EMULATION_DEFAULTS.items():
+        if k in out and (out[k] == legacy or cache in _BF16_CACHE):
+            out.pop(k)
+    return out
 # The reference engine's FP8 attention emulations (fp8eval/engines/attention_emulation.py).
 ATTENTION_MODES = ("kv_only", "fa3_fp8", "qp_unit_scale")
 ACCUMULATION_MODES = ("exact", "fast_fp8")

@@ -26,7 +26,8 @@ from pathlib import Path
 import torch
 
 from fp8eval.core.quant import fp8_roundtrip
-from fp8eval.engines.attention_emulation import FAST_ACC_ALIGN, FAST_ACC_BITS, FAST_ACC_K, fast_fp8_matmul
+from fp8eval.engines.attention_emulation import (FAST_ACC_ALIGN, FAST_ACC_BITS, FAST_ACC_K, FAST_ACC_PROMOTE_EVERY,
+                                                 fast_fp8_matmul)
 
 DEFAULT_LENGTHS = [1 << p for p in range(10, 21)]  # 1k .. 1M
 EMULATE_LENGTHS = [1 << p for p in range(10, 18)]  # 1k .. 128k: the CPU emulation walks the sum serially
@@ -130,6 +131,7 @@ def probe(lengths: list[int], emulate_only: bool, seeds: int = 3, bits: int = FA
         "capability": None if emulate_only else "sm_%d%d" % torch.cuda.get_device_capability(),
         "torch": torch.__version__, "rows": M_ROWS, "cols": N_COLS, "seeds": seeds,
         "emulation": {"k_step": FAST_ACC_K, "fraction_bits": bits, "align": align,
+                      "fast_fp8_promote_every": FAST_ACC_PROMOTE_EVERY,
                       "promote_every": PROMOTE_EVERY},
         "lengths": list(lengths), "rel_error": curves,
         "measure": "||out - ref||_F / ||ref||_F vs float64 of the same e4m3 inputs, median over seeds",

@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 import fp8eval.shard as shards
 from fp8eval.arms import ArmSpec, resolve_arms
-from fp8eval.config import KV_EMULATION_DEFAULTS, RunConfig, SamplingConfig
+from fp8eval.config import RunConfig, SamplingConfig, kv_fingerprint_view
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.reasoning import split_reasoning
 from fp8eval.core.seeds import derive_seed
@@ -205,11 +205,7 @@ class Runner:
         kv_d = _as_dict(arm.kv)  # the kv option as composed: its fingerprint is unchanged by ArmSpec
         for k in ("name", "description"):
             kv_d.pop(k, None)
-        # Emulation knobs added by issue 18: at their defaults they change nothing, so records made before
-        # they existed keep their fingerprint.
-        for k, default in KV_EMULATION_DEFAULTS.items():
-            if kv_d.get(k) == default:
-                kv_d.pop(k, None)
+        kv_d = kv_fingerprint_view(kv_d)  # emulation knobs only where they change a number
         return {
             "record_schema": RECORD_SCHEMA,
             "model": model,

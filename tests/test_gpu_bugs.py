@@ -126,18 +126,21 @@ def test_request_json_carries_prompt_text():
     assert _request_json(r)["prompt_text"] == "a\n\n"
 
 
-def test_emulation_defaults_stay_out_of_fingerprints(tmp_path):
-    """Records made before kv.attention / kv.accumulation existed keep their fingerprint; a non-default mode
-    is another arm."""
+def test_emulation_knobs_in_fingerprints_only_where_they_change_a_number(tmp_path):
+    """Records made before kv.attention / kv.accumulation existed (kv_only, exact) keep their fingerprint;
+    the default fa3_fp8 is another arm; a BF16 arm's fingerprint never carries the knobs (nothing is
+    emulated on a BF16 cache)."""
     import json
 
     from conftest import run_inprocess
 
-    fast = ["engine=fake", "task.lengths=[1024]", "task.depths=[0]", "baseline=none", "report=false"]
-    plain = run_inprocess(tmp_path, fast, "a")
-    fa3 = run_inprocess(tmp_path, fast + ["kv.attention=fa3_fp8"], "b")
-    meta = lambda s: json.loads(Path(s["arms"]["fp8"]["records"]).with_suffix(".arm.json").read_text())  # noqa: E731
-    kv_plain, kv_fa3 = meta(plain)["material"]["kv"], meta(fa3)["material"]["kv"]
-    assert "attention" not in kv_plain and "accumulation" not in kv_plain
-    assert kv_fa3["attention"] == "fa3_fp8"
-    assert plain["arms"]["fp8"]["fingerprint"] != fa3["arms"]["fp8"]["fingerprint"]
+    fast = ["engine=fake", "task.lengths=[1024]", "task.depths=[0]", "report=false"]
+    legacy = run_inprocess(tmp_path, fast + ["kv.attention=kv_only"], "a")
+    default = run_inprocess(tmp_path, fast, "b")
+    meta = lambda s, kv: json.loads(Path(s["arms"][kv]["records"]).with_suffix(".arm.json").read_text())  # noqa: E731
+    kv_legacy, kv_default = meta(legacy, "fp8")["material"]["kv"], meta(default, "fp8")["material"]["kv"]
+    assert "attention" not in kv_legacy and "accumulation" not in kv_legacy
+    assert kv_default["attention"] == "fa3_fp8" and "accumulation" not in kv_default
+    assert legacy["arms"]["fp8"]["fingerprint"] != default["arms"]["fp8"]["fingerprint"]
+    assert "attention" not in meta(default, "bf16")["material"]["kv"]
+    assert legacy["arms"]["bf16"]["fingerprint"] == default["arms"]["bf16"]["fingerprint"]

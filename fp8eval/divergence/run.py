@@ -18,7 +18,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from fp8eval.arms import compose_kv
-from fp8eval.config import KV_EMULATION_DEFAULTS, KVConfig
+from fp8eval.config import KVConfig, kv_fingerprint_view
 from fp8eval.core.hashing import canonical_json, fingerprint_hash
 from fp8eval.divergence import measures as M
 from fp8eval.divergence import sources
@@ -47,9 +47,7 @@ def arm_fingerprint(cfg, engine, kv: KVConfig, kind: str) -> tuple[str, dict]:
     kv_d = _plain(kv)
     for k in ("name", "description"):
         kv_d.pop(k, None)
-    for k, default in KV_EMULATION_DEFAULTS.items():
-        if kv_d.get(k) == default:
-            kv_d.pop(k, None)
+    kv_d = kv_fingerprint_view(kv_d)
     material = {"divergence_schema": SCHEMA, "model": model, "engine": engine.describe(), "kv": kv_d,
                 "kept": kind if kind == "hidden" else {"topk": int(cfg.divergence.topk)}}
     return fingerprint_hash(material), material

@@ -11,7 +11,8 @@ import time
 from importlib import metadata
 from typing import Iterable, Iterator
 
-from fp8eval.config import ACCUMULATION_MODES, ATTENTION_MODES, KV_EMULATION_DEFAULTS, KVConfig, RunConfig
+from fp8eval.config import (ACCUMULATION_MODES, ATTENTION_MODES, KV_EMULATION_DEFAULTS, KVConfig, RunConfig,
+                            kv_fingerprint_view)
 from fp8eval.core.hub import known_offline_reason
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
 from fp8eval.engines.prompting import plain_prompt_text
@@ -87,8 +88,9 @@ class ReferenceEngine:
                    "scales_source": self.kv.scales, "scales_sha256": self._scales.sha256 if self._scales else None,
                    "scale_strategy": self.kv.scale_strategy, "quantize_attention": self.kv.quantize_attention,
                    # only when not the defaults: records made before these knobs keep their fingerprint
-                   **{k: getattr(self.kv, k) for k, d in KV_EMULATION_DEFAULTS.items()
-                      if getattr(self.kv, k) != d}},
+                   **{k: getattr(self.kv, k) for k in KV_EMULATION_DEFAULTS
+                      if k in kv_fingerprint_view({k: getattr(self.kv, k),
+                                                   "engine_args": {"kv_cache_dtype": self.cache_dtype}})}},
             "engine_args": dict(e.engine_args),
         }
 
