@@ -14,7 +14,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from fp8eval.config import register_configs
-from fp8eval.overrides import check_overrides
+from fp8eval.overrides import check_overrides, free_dict_overrides
 
 register_configs()
 
@@ -94,4 +94,5 @@ def _write_report(run_dir: Path) -> None:
 
 if __name__ == "__main__":
     check_overrides(sys.argv[1:])
+    sys.argv[1:] = free_dict_overrides(sys.argv[1:])
     main()

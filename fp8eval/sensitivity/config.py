@@ -1,0 +1,91 @@
+"""Typed configuration of `python -m fp8eval.sensitivity` (Hydra ConfigStore; unknown keys fail)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional
+
+from omegaconf import MISSING
+
+from fp8eval.config import EngineConfig, KVConfig, ModelConfig
+
+RANK_BY = ("only_this", "all_but_this")
+
+
+@dataclass
+class SensitivityConfig:
+    # Token lengths of the document prefixes measured (each a separate prefill of every configuration).
+    lengths: list[int] = field(default_factory=lambda: [1024])
+    # How many of the shipped haystack books (fp8eval.haystack.BOOKS, in that order) are the documents.
+    documents: int = 1
+    # Share of the full-FP8 divergence the recommended BF16 layers must remove (0 < target <= 1).
+    target: float = 0.5
+    # Score that orders the layers: the divergence with only that layer in FP8 (`only_this`: measured
+    # against zero, the least noisy), or the divergence removed by keeping that layer alone in BF16
+    # (`all_but_this`: kl_full_fp8 - kl_all_but_this).
+    rank_by: str = "only_this"
+    # After measuring the recommended skip list: if it removes less than the target, add the next ranked
+    # layer and measure again, at most this many times (each costs one prefill per document and length).
+    refine: int = 2
+    # Position bucket edges in tokens; null = the divergence probe's buckets.
+    buckets: Optional[list[int]] = None
+    # Keep the BF16 arm's log-probabilities in memory up to this size (else recomputed from its hidden
+    # states for every comparison, which costs one lm_head matmul per pass).
+    cache_logprobs_gib: float = 1.0
+    progress: bool = True
+
+
+@dataclass
+class SensitivityRunConfig:
+    model: ModelConfig = MISSING
+    kv: KVConfig = MISSING
+    engine: EngineConfig = MISSING
+    sensitivity: SensitivityConfig = field(default_factory=SensitivityConfig)
+    # The kv option every configuration is compared with (as `python -m fp8eval` pairs arms).
+    baseline: str = "bf16"
+
+
+def register_configs() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    from fp8eval.config import register_configs as register_run_configs
+
+    register_run_configs()  # model/kv/engine options extend /schema/<group>/...
+    ConfigStore.instance().store(name="sensitivity_schema", node=SensitivityRunConfig)
+
+
+def validate(s: SensitivityConfig) -> list[str]:
+    """Problems with the sensitivity settings, each naming the key and what is valid ([] = fine)."""
+    problems = []
+    if not s.lengths or any(int(n) < 2 for n in s.lengths):
+        problems.append(f"sensitivity.lengths={list(s.lengths)}: give one or more token lengths >= 2")
+    if s.documents < 1:
+        problems.append(f"sensitivity.documents={s.documents}: must be >= 1")
+    if not 0 < s.target <= 1:
+        problems.append(f"sensitivity.target={s.target}: must be in (0, 1]")
+    if s.rank_by not in RANK_BY:
+        problems.append(f"sensitivity.rank_by={s.rank_by!r}; valid: {', '.join(RANK_BY)}")
+    if s.refine < 0:
+        problems.append(f"sensitivity.refine={s.refine}: must be >= 0")
+    if s.buckets is not None and (not s.buckets or list(s.buckets) != sorted(set(s.buckets)) or s.buckets[0] < 1):
+        problems.append(f"sensitivity.buckets={list(s.buckets)}: strictly increasing edges >= 1, or null")
+    return problems
+
+
+def unknown_key_message(key: str) -> str | None:
+    """A misspelt `sensitivity.x` / `model.x` / `kv.x` / `engine.x` override, with the valid keys."""
+    from fp8eval.overrides import unknown_key_message as run_key_message
+
+    parts = key.split(".")
+    if parts[0] == "sensitivity":
+        valid = {f.name for f in dataclasses.fields(SensitivityConfig)}
+        if len(parts) > 1 and parts[1] not in valid:
+            return f"unknown key {key!r}; valid keys under sensitivity: {', '.join(sorted(valid))}"
+        return None
+    if parts[0] in ("model", "kv", "engine"):
+        return run_key_message(key, "niah")
+    top = {f.name for f in dataclasses.fields(SensitivityRunConfig)}
+    if parts[0] not in top and parts[0] != "hydra":
+        return f"unknown key {key!r}; valid top-level keys: {', '.join(sorted(top))}"
+    return None
