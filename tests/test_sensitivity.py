@@ -161,7 +161,7 @@ def _flow(model: str, length: int):
     from fp8eval.sensitivity.run import baseline_kv, run
 
     cfg = compose_sensitivity([f"model={model}", f"sensitivity.lengths=[{length}]", "sensitivity.progress=false",
-                               "engine.threads=2"])
+                               "engine.threads=1"])
     try:
         result = run(cfg, baseline_kv(cfg.baseline), log=lambda *a: None)
     except Exception as e:
