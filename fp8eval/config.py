@@ -58,9 +58,22 @@ class KVConfig:
     scales: Optional[str] = None
     # Scale granularity the scales source must have: tensor | attn_head.
     scale_strategy: str = "tensor"
-    # Reference engine: also quantize Q and the softmax probabilities before P.V (vLLM's FP8
-    # attention path, e.g. FA3 with an FP8 cache) instead of only the stored K and V.
+    # Reference engine only (vLLM runs its real kernel): how FP8 attention is emulated.
+    # attention: kv_only (K/V rounded as the cache stores them) | fa3_fp8 (Q and P in FP8 as
+    # FlashAttention-3's FP8 path does it) | qp_unit_scale (Q and normalised P in FP8 at scale 1.0);
+    # see fp8eval/engines/attention_emulation.py. Defaults stay out of record fingerprints.
+    attention: str = "kv_only"
+    # accumulation of P.V: exact | fast_fp8 (an FP8 tensor-core MMA without two-level promotion)
+    accumulation: str = "exact"
+    # Legacy spelling of attention=qp_unit_scale (kept so existing records keep their fingerprint).
     quantize_attention: bool = False
+
+
+# KVConfig fields whose default values stay out of record fingerprints (see Runner.fingerprint_material).
+KV_EMULATION_DEFAULTS = {"attention": "kv_only", "accumulation": "exact"}
+# The reference engine's FP8 attention emulations (fp8eval/engines/attention_emulation.py).
+ATTENTION_MODES = ("kv_only", "fa3_fp8", "qp_unit_scale")
+ACCUMULATION_MODES = ("exact", "fast_fp8")
 
 
 @dataclass

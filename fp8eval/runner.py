@@ -14,9 +14,10 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from fp8eval.config import KVConfig, RunConfig, SamplingConfig
+from fp8eval.config import KV_EMULATION_DEFAULTS, KVConfig, RunConfig, SamplingConfig
 from fp8eval.engines import build_engine
 from fp8eval.engines.base import Request
+from fp8eval.engines.prompting import prompt_text_for
 from fp8eval.reasoning import split_reasoning
 from fp8eval.records import RECORD_SCHEMA, ArmStore, fingerprint_hash
 from fp8eval.seeds import derive_seed
@@ -53,6 +54,27 @@ def effective_sampling(cfg: RunConfig) -> dict:
                 out[f.name] = list(v) if f.name == "stop" else v
     out.setdefault("max_tokens", 256)
     return out
+
+
+def check_greedy_repeats(cfg: RunConfig, sampling: dict) -> None:
+    """Refuse repeats > 1 with greedy sampling (temperature 0), for every engine, before any request.
+
+    Greedy repeats are the same completion n times: wasted compute, a stderr that claims a spread it does
+    not have, and vLLM refuses them outright ("n must be 1 when using greedy sampling"). Refusing, not
+    collapsing to one repeat, because the user asked for repeats and should choose what they meant.
+    """
+    repeats = int(cfg.task.repeats)
+    # The fake engine ignores sampling (its scripts exercise the harness's bookkeeping and benchmarks).
+    if cfg.engine.kind == "fake" or repeats <= 1 or sampling.get("temperature") is None or float(sampling["temperature"]) != 0.0:
+        return
+    origin = next(where for layer, where in ((cfg.sampling, "sampling.temperature"),
+                                             (cfg.task.sampling, f"task {cfg.task.name}'s sampling"),
+                                             (cfg.model.sampling, f"model {cfg.model.name}'s sampling defaults"))
+                  if layer.temperature is not None)
+    raise RunError(
+        f"task.repeats={repeats} with greedy sampling (temperature 0, from {origin}): every repeat would be "
+        f"the same completion, and vLLM refuses n > 1 with greedy sampling. Nothing was run. Either sample "
+        f"the repeats (e.g. `sampling.temperature=0.6`) or run one (`task.repeats=1`).")
 
 
 def _as_dict(obj) -> dict:
@@ -161,7 +183,8 @@ class Runner:
 
     def _request(self, rid: str, prompt: Prompt, n: int, seeds: list[int]) -> Request:
         return Request(id=rid, messages=tuple(prompt.messages), n=n, seeds=tuple(seeds), sampling=dict(self.sampling),
-                       chat_template_kwargs=dict(self.cfg.model.chat_template_kwargs), prompt_text=prompt.prompt_text)
+                       chat_template_kwargs=dict(self.cfg.model.chat_template_kwargs),
+                       prompt_text=prompt_text_for(prompt.messages, prompt.prompt_text, self.cfg.model.chat_template))
 
     # --- fingerprint ---------------------------------------------------------------------------------------
     def fingerprint_material(self, task: Task, engine, kv: KVConfig) -> dict:
@@ -174,6 +197,11 @@ class Runner:
         kv_d = _as_dict(kv)
         for k in ("name", "description"):
             kv_d.pop(k, None)
+        # Emulation knobs added by issue 18: at their defaults they change nothing, so records made before
+        # they existed keep their fingerprint.
+        for k, default in KV_EMULATION_DEFAULTS.items():
+            if kv_d.get(k) == default:
+                kv_d.pop(k, None)
         return {
             "record_schema": RECORD_SCHEMA,
             "model": model,
@@ -289,6 +317,7 @@ class Runner:
     # --- the whole run ------------------------------------------------------------------------------------
     def run(self) -> dict:
         cfg = self.cfg
+        check_greedy_repeats(cfg, self.sampling)
         t0 = time.perf_counter()
         arms = self.arms()
         tcls = task_class(cfg.task.name)

@@ -492,7 +492,8 @@ def test_end_to_end_embedded_model_reference_engine(tmp_path):
     # the smallest 8k row of seeds 0-39 (4,851 o200k tokens): the CPU prefill is the slow part.
     summary = _run_app(
         tmp_path, "engine=reference", "task.synthetic_rows=1", "task.synthetic_seed=24",
-        "task.max_bucket=16k", "task.repeats=2", "task.sampling.max_tokens=16", timeout=2400,
+        "task.max_bucket=16k", "task.repeats=2", "task.sampling.max_tokens=16", "sampling.temperature=0.6",
+        timeout=2400,
     )
     assert set(summary["arms"]) == {"bf16", "fp8"}
     for arm in summary["arms"].values():

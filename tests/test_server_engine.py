@@ -449,12 +449,13 @@ def test_fp8_on_avx2_cpu_is_refused_before_any_record(tmp_path, monkeypatch):
 @needs_vllm
 def test_fp8_error_from_vllm_itself_is_explained(tmp_path, monkeypatch):
     """With our CPU check out of the way, vLLM's own refusal still ends in the same clear error."""
+    from fp8eval.engines.vllm import kvcheck
     from fp8eval.engines.vllm_offline import VLLMOfflineEngine
 
     if vc.cpu_lacks_fp8_kv() is None:
         pytest.skip("this CPU has AVX-512 or AMX")
     monkeypatch.setenv("FP8EVAL_VLLM_PYTHON", VLLM_ENV_PYTHON)
-    monkeypatch.setattr(vc, "cpu_lacks_fp8_kv", lambda: None)
+    monkeypatch.setattr(kvcheck, "cpu_lacks_fp8_kv", lambda: None)
     cfg = compose_run(["model=smollm2-135m", "kv=fp8", "engine=vllm", f"engine.log_dir={tmp_path}", *CPU_ARGS])
     with pytest.raises(EngineError) as err:
         VLLMOfflineEngine(cfg, cfg.kv)
@@ -478,7 +479,8 @@ def test_runner_resumes_after_the_server_dies_mid_run(tmp_path):
     port = srv.port
     args = ["engine=server", f"engine.base_url={srv.url}", "engine.concurrency=2", "engine.max_retries=1",
             "engine.request_timeout_s=5", "kv=bf16", "baseline=none", "task=aime25", "task.limit=12",
-            "task.repeats=2", "model.max_model_len=4096", "sampling.max_tokens=64"]
+            "task.repeats=2", "model.max_model_len=4096", "sampling.max_tokens=64",
+            "sampling.temperature=0.6"]
     records_dir = tmp_path / "records" / "aime25"
 
     def kill_when_some_are_written():

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fp8eval.engines.attention_emulation import emulated_attention
 from fp8eval.quant import KV_CACHE_DTYPE_FORMAT, fp8_roundtrip
 
 ATTENTION_NAME = "fp8eval_kv"
@@ -29,8 +30,18 @@ class KVPolicy:
     skip_layers: tuple[str, ...] = ()  # layer indices as strings, or attention types ("sliding_window")
     k_scales: dict[int, torch.Tensor] = field(default_factory=dict)  # absent layer -> 1.0
     v_scales: dict[int, torch.Tensor] = field(default_factory=dict)
-    quantize_attention: bool = False  # also Q and P (vLLM's FP8 attention path)
+    quantize_attention: bool = False  # legacy spelling of attention="qp_unit_scale"
     q_scale: float = 1.0
+    attention: str = "kv_only"  # kv_only | fa3_fp8 | qp_unit_scale (fp8eval/engines/attention_emulation.py)
+    accumulation: str = "exact"  # exact | fast_fp8
+
+    @property
+    def attention_mode(self) -> str:
+        return "qp_unit_scale" if self.quantize_attention and self.attention == "kv_only" else self.attention
+
+    def emulates_kernel(self, module) -> bool:
+        """Whether this layer's attention runs the emulated FP8 kernel instead of exact SDPA."""
+        return self.layer_is_fp8(module) and (self.attention_mode != "kv_only" or self.accumulation != "exact")
 
     @property
     def fmt(self) -> str | None:
@@ -79,29 +90,6 @@ def _is_sliding(module) -> bool:
     return bool(types and idx is not None and "sliding" in str(types[idx]))
 
 
-def _fp8_attention(module, query, key, value, attention_mask, scaling, policy: KVPolicy):
-    """Attention with Q and the softmax probabilities quantized too, as an FP8 attention kernel does."""
-    fmt = policy.fmt
-    groups = query.shape[1] // key.shape[1]
-    q = fp8_roundtrip(query, policy.q_scale, fmt)
-    k = key.repeat_interleave(groups, dim=1) if groups > 1 else key
-    v = value.repeat_interleave(groups, dim=1) if groups > 1 else value
-    scores = torch.matmul(q.float(), k.float().transpose(2, 3)) * scaling
-    if attention_mask is None and q.shape[2] > 1:
-        # The sdpa mask builder returns None when plain causal masking suffices.
-        lq, lk = q.shape[2], k.shape[2]
-        attention_mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
-    if attention_mask is not None:
-        if attention_mask.dtype == torch.bool:
-            scores = scores.masked_fill(~attention_mask, float("-inf"))
-        else:
-            scores = scores + attention_mask.float()
-    probs = torch.softmax(scores, dim=-1)
-    probs = fp8_roundtrip(probs, 1.0, fmt)
-    out = torch.matmul(probs, v.float()).to(query.dtype)
-    return out.transpose(1, 2).contiguous(), None
-
-
 def make_attention_function(policy_of):
     """An attention function for transformers' registry; `policy_of(module)` gives the active policy."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -109,10 +97,13 @@ def make_attention_function(policy_of):
     def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         policy: KVPolicy = policy_of(module)
         key, value = policy.store(module, key, value, n_new=query.shape[-2])
-        if policy.quantize_attention and policy.layer_is_fp8(module):
+        if policy.emulates_kernel(module):
             if scaling is None:
                 scaling = query.shape[-1] ** -0.5
-            return _fp8_attention(module, query, key, value, attention_mask, scaling, policy)
+            out = emulated_attention(query, key, value, attention_mask, scaling, mode=policy.attention_mode,
+                                     accumulation=policy.accumulation, fmt=policy.fmt, q_scale=policy.q_scale,
+                                     sliding=_is_sliding(module))
+            return out, None
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
 

@@ -11,8 +11,9 @@ import time
 from importlib import metadata
 from typing import Iterable, Iterator
 
-from fp8eval.config import KVConfig, RunConfig
+from fp8eval.config import ACCUMULATION_MODES, ATTENTION_MODES, KV_EMULATION_DEFAULTS, KVConfig, RunConfig
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
+from fp8eval.engines.prompting import plain_prompt_text
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -41,6 +42,7 @@ class ReferenceEngine:
                 f"The reference engine emulates kv_cache_dtype auto, fp8, fp8_e4m3 and fp8_e5m2; "
                 f"{self.cache_dtype!r} was asked for by kv={kv.name}."
             )
+        _check_emulation(kv)
         self.skip_layers = tuple(str(x) for x in (args.get("kv_cache_dtype_skip_layers") or []))
         self.model_dtype = str(args.get("dtype", "bfloat16"))
         self._scales = None
@@ -82,7 +84,10 @@ class ReferenceEngine:
             "kv": {"cache_dtype": self.cache_dtype, "model_dtype": self.model_dtype,
                    "skip_layers": list(self.skip_layers),
                    "scales_source": self.kv.scales, "scales_sha256": self._scales.sha256 if self._scales else None,
-                   "scale_strategy": self.kv.scale_strategy, "quantize_attention": self.kv.quantize_attention},
+                   "scale_strategy": self.kv.scale_strategy, "quantize_attention": self.kv.quantize_attention,
+                   # only when not the defaults: records made before these knobs keep their fingerprint
+                   **{k: getattr(self.kv, k) for k, d in KV_EMULATION_DEFAULTS.items()
+                      if getattr(self.kv, k) != d}},
             "engine_args": dict(e.engine_args),
         }
 
@@ -182,6 +187,8 @@ class ReferenceEngine:
             k_scales={i: t.to(self._device_name()) for i, t in scales.k.items()} if scales else {},
             v_scales={i: t.to(self._device_name()) for i, t in scales.v.items()} if scales else {},
             quantize_attention=self.kv.quantize_attention,
+            attention=self.kv.attention,
+            accumulation=self.kv.accumulation,
         )
 
     # --- prompts ------------------------------------------------------------------------------------
@@ -193,9 +200,8 @@ class ReferenceEngine:
             text = tok.apply_chat_template(list(request.messages), add_generation_prompt=True, tokenize=False,
                                            **request.chat_template_kwargs)
             return tok(text, add_special_tokens=False)["input_ids"]
-        # Base models without a chat template see the messages' contents as plain text.
-        text = "\n\n".join(m["content"] for m in request.messages) + "\n\n"
-        return tok(text, add_special_tokens=True)["input_ids"]
+        # A tokenizer without a template (the runner already sends plain text when the config says so).
+        return tok(plain_prompt_text(request.messages), add_special_tokens=True)["input_ids"]
 
     def count_prompt_tokens(self, request: Request) -> int:
         return len(self.prompt_ids(request))
@@ -272,6 +278,17 @@ class ReferenceEngine:
 
     def close(self) -> None:
         self._model = None
+
+
+def _check_emulation(kv: KVConfig) -> None:
+    """Unknown kv.attention / kv.accumulation names fail here, with the valid ones."""
+    if kv.attention not in ATTENTION_MODES:
+        raise EngineError(f"kv.attention={kv.attention!r}; valid: {', '.join(ATTENTION_MODES)}")
+    if kv.accumulation not in ACCUMULATION_MODES:
+        raise EngineError(f"kv.accumulation={kv.accumulation!r}; valid: {', '.join(ACCUMULATION_MODES)}")
+    if kv.quantize_attention and kv.attention not in ("kv_only", "qp_unit_scale"):
+        raise EngineError(f"kv.quantize_attention=true (the old name of kv.attention=qp_unit_scale) contradicts "
+                          f"kv.attention={kv.attention}; set only kv.attention.")
 
 
 def _eos_ids(tok, model) -> set[int]:

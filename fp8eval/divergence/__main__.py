@@ -1,0 +1,34 @@
+"""`python -m fp8eval.divergence`: prefill-only divergence of a kv arm's next-token distributions from its
+baseline's, per position bucket. Writes divergence.json (+ divergence.png) and prints the run dir last."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from fp8eval.divergence.config import register_divergence_configs
+
+register_divergence_configs()
+
+
+@hydra.main(config_path="../../conf", config_name="divergence", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from fp8eval.divergence.run import format_table, run
+    from fp8eval.errors import Fp8evalError
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        result = run(OmegaConf.to_object(cfg), run_dir, out=lambda s: print(s, file=sys.stderr))
+    except (Fp8evalError, ValueError) as e:
+        print(f"\nfp8eval.divergence: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(format_table(result))
+    print(run_dir)
+
+
+if __name__ == "__main__":
+    main()

