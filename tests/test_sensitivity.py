@@ -97,7 +97,7 @@ def test_head_counts_saturation_flush_subnormal_and_rounding_error():
 # --- configuration and CLI -------------------------------------------------------------------------------
 def test_validate_and_unknown_keys_name_the_valid_choices():
     assert validate(SensitivityConfig()) == []
-    bad = validate(SensitivityConfig(lengths=[], target=0.0, rank_by="x", buckets=[5, 3]))
+    bad = validate(SensitivityConfig(lengths=[], target=0.0, rank_by="x", edges=[5, 3]))
     assert len(bad) == 4 and any("only_this" in p for p in bad)
     assert "valid keys under sensitivity" in unknown_key_message("sensitivity.tagret")
     assert unknown_key_message("sensitivity.target") is None
@@ -200,17 +200,19 @@ def test_smollm2_flow_fields_and_the_skip_list_lowers_divergence(smollm2_flow, t
 
 @pytest.mark.slow
 def test_all_layers_skipped_gives_zero_divergence(smollm2_flow):
+    from fp8eval.divergence.measures import BucketAccumulator
     from fp8eval.sensitivity.passes import Baseline, Passes, compare
     from fp8eval.sensitivity.run import baseline_kv
 
     cfg, _, _ = smollm2_flow
     p = Passes(cfg, baseline_kv("bf16"))
-    u = p.units(1, [24])[0]
-    base = Baseline(p, p.hidden(p.bf16, u.ids), 1.0)
-    zero = compare(p, base, p.hidden(p.fp8_policy(list(range(p.n_layers))), u.ids), [256]).overall()
-    full = compare(p, base, p.hidden(p.fp8_policy([]), u.ids), [256]).overall()
-    assert zero["kl_mean"] == 0.0 and zero["top1_agree"] == 1.0
-    assert full["kl_mean"] > 0
+    doc = p.passages(1, [24])[0]
+    base = Baseline(p, p.hidden(p.bf16, doc.ids), 1.0)
+    zero, full = BucketAccumulator(), BucketAccumulator()
+    compare(p, base, p.hidden(p.fp8_policy(list(range(p.n_layers))), doc.ids), zero)
+    compare(p, base, p.hidden(p.fp8_policy([]), doc.ids), full)
+    assert zero.overall()["kl_mean"] == 0.0 and zero.overall()["top1_agree"] == 1.0
+    assert full.overall()["kl_mean"] > 0
 
 
 @pytest.mark.slow

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Optional
-
 from omegaconf import MISSING
 
 from fp8eval.config import EngineConfig, KVConfig, ModelConfig
+from fp8eval.divergence.measures import DEFAULT_EDGES
 
 RANK_BY = ("only_this", "all_but_this")
 
@@ -28,11 +27,11 @@ class SensitivityConfig:
     # After measuring the recommended skip list: if it removes less than the target, add the next ranked
     # layer and measure again, at most this many times (each costs one prefill per document and length).
     refine: int = 2
-    # Position bucket edges in tokens; null = the divergence probe's buckets.
-    buckets: Optional[list[int]] = None
-    # Keep the BF16 arm's log-probabilities in memory up to this size (else recomputed from its hidden
-    # states for every comparison, which costs one lm_head matmul per pass).
-    cache_logprobs_gib: float = 1.0
+    # Position bucket edges in tokens, the divergence probe's by default (the last bucket is open).
+    edges: list[int] = field(default_factory=lambda: list(DEFAULT_EDGES))
+    # Keep the BF16 arm's logits of a passage in memory up to this size (else made again from its hidden
+    # states for every comparison: one more lm_head matmul per pass).
+    cache_logits_gib: float = 1.0
     progress: bool = True
 
 
@@ -68,8 +67,8 @@ def validate(s: SensitivityConfig) -> list[str]:
         problems.append(f"sensitivity.rank_by={s.rank_by!r}; valid: {', '.join(RANK_BY)}")
     if s.refine < 0:
         problems.append(f"sensitivity.refine={s.refine}: must be >= 0")
-    if s.buckets is not None and (not s.buckets or list(s.buckets) != sorted(set(s.buckets)) or s.buckets[0] < 1):
-        problems.append(f"sensitivity.buckets={list(s.buckets)}: strictly increasing edges >= 1, or null")
+    if not s.edges or list(s.edges) != sorted(set(s.edges)) or s.edges[0] != 0:
+        problems.append(f"sensitivity.edges={list(s.edges)}: strictly increasing, starting at 0")
     return problems
 
 

@@ -119,12 +119,14 @@ def markdown(result: dict) -> str:
                     f"| {_g(d['top1_only_this'])} | {_g(d['k_amax'])} | {_g(d['v_amax'])} | {_g(d['sat_rate'])} "
                     f"| {_g(d['ftz_rate'])} | {_g(d.get('rel_err'))} | {'yes' if i in r['recommended_skip_layers'] else ''} |")
     sw = r.get("sliding_window")
+    passages = ", ".join(f"{p['book'].removesuffix('.txt')} ({p['length']} tokens)" for p in r["passages"])
     lines = [
         f"# Which layers should keep a BF16 KV cache? {r['model']}, kv={r['kv']}",
         "",
-        f"Documents {', '.join(r['documents'])} at {r['lengths']} tokens ({r['n_tokens']:,} positions per "
-        f"configuration), {r['passes']['total']} prefill passes on the reference engine; divergence = "
-        f"KL(bf16 || variant) per next-token distribution, mean per token.",
+        f"Passages: {passages}; "
+        f"{r['n_tokens']:,} positions per configuration, {r['passes']['total']} prefill passes on the reference "
+        f"engine (attention emulation `{r.get('attention')}`). Divergence = KL(bf16 || variant) of the next-token "
+        f"distributions, mean per token, as `python -m fp8eval.divergence` measures it.",
         "",
         f"- Full FP8: KL {_g(r['kl_full_fp8'])}, top-1 agreement {_g(r['full_fp8']['overall']['top1_agree'])}; "
         f"the single-layer KLs sum to {_g(r['sum_kl_only_this'])} ({_g(r['sum_kl_only_this'] / r['kl_full_fp8'] if r['kl_full_fp8'] else None)}x).",

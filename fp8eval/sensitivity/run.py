@@ -1,4 +1,4 @@
-"""The sensitivity flow: K/V statistics, 2 x layers + 2 passes per document prefix, ranking, the
+"""The sensitivity flow: K/V statistics, 2 x layers + 2 passes per passage (document and length), ranking, the
 recommended skip list re-measured (and grown while it falls short of the target, `sensitivity.refine`)."""
 
 from __future__ import annotations
@@ -7,10 +7,11 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
-from fp8eval.sensitivity import measures, ranking
+from fp8eval.divergence import measures as M
+from fp8eval.sensitivity import ranking
 from fp8eval.sensitivity.config import SensitivityRunConfig, validate
 from fp8eval.sensitivity.kvstats import KVStatsAccumulator, recording_policy
-from fp8eval.sensitivity.passes import Baseline, BucketSums, Passes, SensitivityError, Unit, compare
+from fp8eval.sensitivity.passes import Baseline, Passes, SensitivityError, compare
 
 
 @dataclass
@@ -34,7 +35,7 @@ class Cost:
                 f"{2 * self.n_layers + 2}{' + 1 (sliding-window layers in BF16)' if self.hybrid else ''} per "
                 f"document and length, + 1 to re-measure the recommended skip list (+ up to {self.refine} more "
                 f"if it falls short of the target); {documents} document(s) x lengths {sorted(set(lengths))} = "
-                f"{self.n_units} prefix(es): {self.total} prefill passes"
+                f"{self.n_units} passage(s): {self.total} prefill passes"
                 f"{f' (up to {self.total + self.refine * self.n_units})' if self.refine else ''}")
 
 
@@ -44,60 +45,65 @@ def run(cfg: SensitivityRunConfig, baseline_kv, log: Callable[[str], None] = pri
     problems = validate(s)
     if problems:
         raise SensitivityError("; ".join(problems))
-    edges = list(s.buckets) if s.buckets else list(measures.DEFAULT_EDGES)
+    too_long = [n for n in s.lengths if n > int(cfg.model.max_model_len)]
+    if too_long:
+        raise SensitivityError(f"sensitivity.lengths {too_long} exceed model.max_model_len={cfg.model.max_model_len}")
+    edges = tuple(s.edges)
     passes = Passes(cfg, baseline_kv)
     if passes.ignored_skip:
         log(f"sensitivity: kv={cfg.kv.name} skips {passes.ignored_skip}; every layer is measured, so that list "
             f"is ignored here (the recommendation replaces it)")
-    units = passes.units(s.documents, list(s.lengths))
+    docs = passes.passages(s.documents, list(s.lengths))
     L = passes.n_layers
     sliding = [i for i, t in enumerate(passes.types) if "sliding" in t]
     hybrid = 0 < len(sliding) < L
-    cost = Cost(L, len(units), hybrid, s.refine)
+    cost = Cost(L, len(docs), hybrid, s.refine)
     log(cost.line(list(s.lengths), s.documents))
-    passes.check_head(units[0].ids)
+    passes.check_head(docs[0].ids)
 
     stats = KVStatsAccumulator(fmt=passes.arm.fmt)
-    results: dict[str, BucketSums] = {}
-    kept: list[tuple[Unit, object]] = []
-    per_unit_full: list[dict] = []
+    configs = [("full", passes.fp8_policy([]))]
+    configs += [(f"only:{i}", passes.only(i)) for i in range(L)]
+    configs += [(f"all_but:{i}", passes.fp8_policy([i])) for i in range(L)]
+    if hybrid:
+        configs.append(("skip_sliding", passes.fp8_policy(["sliding_window"])))
+    results = {name: M.BucketAccumulator(edges) for name, _ in configs}
+    kept: list[tuple[object, Baseline]] = []
+    per_passage: list[dict] = []
     bar = _bar(cost.total, s.progress)
-    for u in units:
-        bar.set_description(u.label)
-        pol = recording_policy(passes.bf16, passes.arm, stats) if u.collect_stats else passes.bf16
-        base = Baseline(passes, passes.hidden(pol, u.ids), s.cache_logprobs_gib)
+    for doc in docs:
+        bar.set_description(f"{doc.book.removesuffix('.txt')}@{doc.length}")
+        base = Baseline(passes, passes.hidden(recording_policy(passes.bf16, passes.arm, stats), doc.ids),
+                        s.cache_logits_gib)
         bar.update()
-        configs = [("full", passes.fp8_policy([]))]
-        configs += [(f"only:{i}", passes.only(i)) for i in range(L)]
-        configs += [(f"all_but:{i}", passes.fp8_policy([i])) for i in range(L)]
-        if hybrid:
-            configs.append(("skip_sliding", passes.fp8_policy(["sliding_window"])))
         for name, pol in configs:
-            sums = compare(passes, base, passes.hidden(pol, u.ids), edges)
-            results.setdefault(name, BucketSums(edges)).merge(sums)
+            into = [results[name]]
             if name == "full":
-                per_unit_full.append({"document": u.label, "length": u.length, **sums.overall()})
+                into.append(M.BucketAccumulator(edges))
+            compare(passes, base, passes.hidden(pol, doc.ids), *into)
+            if name == "full":
+                per_passage.append({"book": doc.book, "length": doc.length, **into[1].overall()})
             bar.update()
-        base._chunks.clear()  # keep only the hidden states for the re-measurement
-        kept.append((u, base))
+        base.release()  # only the hidden states stay, for the re-measurement
+        kept.append((doc, base))
 
-    kl_full = results["full"].overall()["kl_mean"]
-    only = {i: results[f"only:{i}"].overall()["kl_mean"] for i in range(L)}
-    all_but = {i: results[f"all_but:{i}"].overall()["kl_mean"] for i in range(L)}
+    overall = {name: acc.overall() for name, acc in results.items()}
+    kl_full = overall["full"]["kl_mean"]
+    only = {i: overall[f"only:{i}"]["kl_mean"] for i in range(L)}
+    all_but = {i: overall[f"all_but:{i}"]["kl_mean"] for i in range(L)}
     scores = ranking.layer_scores(kl_full, only, all_but, s.rank_by)
     order = ranking.rank(scores, tiebreak=only)
     chosen = ranking.smallest_skip_set(order, scores, s.target)
 
-    def measure(skip: list[int]) -> BucketSums:
-        total = BucketSums(edges)
-        for u, base in kept:
-            total.merge(compare(passes, base, passes.hidden(passes.fp8_policy(skip), u.ids), edges))
+    def measure(skip: list[int]) -> M.BucketAccumulator:
+        acc = M.BucketAccumulator(edges)
+        for doc, base in kept:
+            compare(passes, base, passes.hidden(passes.fp8_policy(skip), doc.ids), acc)
             bar.update()
-        return total
+        return acc
 
-    steps = []
     with_skip = measure(chosen)
-    steps.append({"skip": list(chosen), "kl": with_skip.overall()["kl_mean"]})
+    steps = [{"skip": list(chosen), "kl": with_skip.overall()["kl_mean"]}]
     extra = [i for i in order if i not in chosen]
     while _removed(kl_full, steps[-1]["kl"]) < s.target and extra and len(steps) <= s.refine:
         bar.total += len(kept)
@@ -116,20 +122,21 @@ def run(cfg: SensitivityRunConfig, baseline_kv, log: Callable[[str], None] = pri
             "sat_rate": st.get("sat_rate"), "ftz_rate": st.get("ftz_rate"),
             "kl_only_this": only[i], "kl_all_but_this": all_but[i],
             "removal_gain": kl_full - all_but[i], "score": scores[i],
-            "top1_only_this": results[f"only:{i}"].overall()["top1_agree"],
-            "top1_all_but_this": results[f"all_but:{i}"].overall()["top1_agree"],
-            "kl_only_this_by_bucket": {b: v["kl_mean"] for b, v in results[f"only:{i}"].table().items()},
-            "kl_all_but_this_by_bucket": {b: v["kl_mean"] for b, v in results[f"all_but:{i}"].table().items()},
+            "top1_only_this": overall[f"only:{i}"]["top1_agree"],
+            "top1_all_but_this": overall[f"all_but:{i}"]["top1_agree"],
+            "kl_only_this_by_bucket": {b: v["kl_mean"] for b, v in results[f"only:{i}"].result().items()},
+            "kl_all_but_this_by_bucket": {b: v["kl_mean"] for b, v in results[f"all_but:{i}"].result().items()},
             **{k: v for k, v in st.items() if k not in ("k_amax", "v_amax", "sat_rate", "ftz_rate")},
         })
-    kl_sliding = results["skip_sliding"].overall()["kl_mean"] if hybrid else None
+    kl_sliding = overall["skip_sliding"]["kl_mean"] if hybrid else None
     kl_with = steps[-1]["kl"]
     return {
         "model": cfg.model.name, "kv": cfg.kv.name, "baseline": cfg.baseline, "engine": "reference",
-        "format": passes.arm.fmt, "scales": cfg.kv.scales,
-        "documents": sorted({u.label.split("@")[0] for u in units}), "lengths": sorted(set(int(n) for n in s.lengths)),
-        "n_tokens": results["full"].overall()["n_tokens"],
-        "passes": {"per_document_and_length": cost.per_unit, "total": cost.total + (len(steps) - 1) * len(units)},
+        "format": passes.arm.fmt, "scales": cfg.kv.scales, "attention": passes.arm.attention,
+        "passages": [{"book": d.book, "length": d.length, "char_offset": d.char_offset, "key": d.key} for d in docs],
+        "lengths": sorted(set(int(n) for n in s.lengths)), "documents": s.documents,
+        "n_tokens": overall["full"]["n_tokens"],
+        "passes": {"per_document_and_length": cost.per_unit, "total": cost.total + (len(steps) - 1) * len(docs)},
         "target": s.target, "rank_by": s.rank_by,
         "layers": layers,
         "ranking": order,
@@ -143,12 +150,12 @@ def run(cfg: SensitivityRunConfig, baseline_kv, log: Callable[[str], None] = pri
         "target_met": _removed(kl_full, kl_with) >= s.target,
         "refine_steps": steps,
         "sum_kl_only_this": sum(only.values()),
-        "full_fp8": {"overall": results["full"].overall(), "buckets": results["full"].table()},
-        "with_skip": {"overall": with_skip.overall(), "buckets": with_skip.table()},
-        "per_unit_full_fp8": per_unit_full,
+        "full_fp8": {"overall": overall["full"], "buckets": results["full"].result()},
+        "with_skip": {"overall": with_skip.overall(), "buckets": with_skip.result()},
+        "per_passage_full_fp8": per_passage,
         "sliding_window": ranking.sliding_verdict(layers, order, list(chosen), scores, kl_full, kl_sliding),
         "ignored_kv_skip_layers": passes.ignored_skip,
-        "bucket_edges": edges,
+        "edges": list(edges),
     }
 
 
