@@ -23,8 +23,8 @@ CHARS_PER_TOKEN = 4.4
 
 
 def generate(out: Path, rows_per_bin: int, seed: int) -> None:
-    from fp8eval.metrics import MRCR_LABELS
-    from fp8eval.mrcr_synth import synth_rows, write_jsonl
+    from fp8eval.metrics.auc import MRCR_LABELS
+    from fp8eval.tasks.mrcr.synth import synth_rows, write_jsonl
 
     t0 = time.perf_counter()
     write_jsonl(
@@ -39,7 +39,7 @@ def generate(out: Path, rows_per_bin: int, seed: int) -> None:
 def bucket(data: Path, manifest_dir: Path, workers: int | None) -> None:
     from collections import Counter
 
-    from fp8eval.mrcr_data import files_sha256, load_or_build_manifest
+    from fp8eval.tasks.mrcr.data import files_sha256, load_or_build_manifest
 
     t0 = time.perf_counter()
     refs, path, built = load_or_build_manifest([data], {"local_files": files_sha256([data])},

@@ -10,23 +10,25 @@ import sys
 from pathlib import Path
 
 import hydra
+from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import InterpolationResolutionError
 
-from fp8eval.config import register_configs
+from fp8eval.calibrate.config import CalibrationError
+from fp8eval.core.errors import Fp8evalError
+from fp8eval.core.paths import CONF_DIR, display_path
 from fp8eval.overrides import check_overrides, free_dict_overrides
+from fp8eval.registry import register_configs
+from fp8eval.report import write_report
+from fp8eval.runner import Runner, format_table
 
 register_configs()
 
 
-@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from fp8eval.errors import Fp8evalError
-
-    from omegaconf.errors import InterpolationResolutionError
-
-    from fp8eval.calibrate import CalibrationError
-
+    """Run the composed task (or suite) for the kv arm and its baseline; print the run dir last."""
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         typed = OmegaConf.to_object(cfg)
@@ -48,12 +50,10 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     if typed.report:
         _write_report(run_dir)
-    print(run_dir)
+    print(display_path(run_dir))
 
 
 def _run_one(typed, run_dir: Path) -> dict:
-    from fp8eval.runner import Runner, format_table
-
     summary = Runner(typed, run_dir).run()
     print()
     print(format_table(summary))
@@ -63,8 +63,6 @@ def _run_one(typed, run_dir: Path) -> dict:
 def _run_suite(typed, run_dir: Path) -> None:
     """Each task of the suite composed as `task=<name>` with the user's other overrides, in its own
     subdirectory with its own saved config, so the report reads each like a single run."""
-    from hydra import compose
-
     user = [o for o in HydraConfig.get().overrides.task
             if o.split("=")[0].lstrip("+~").split(".")[0] != "suite" and o.split("=")[0].lstrip("+~") != "task"]
     summaries = {}
@@ -84,10 +82,8 @@ def _write_report(run_dir: Path) -> None:
     if not any(run_dir.rglob("summary.json")):
         return
     try:
-        from fp8eval.report import write_report
-
         out = write_report([run_dir], run_dir / "report")
-        print(f"report: {out}")
+        print(f"report: {display_path(out)}")
     except Exception as e:  # the run's results stand even when a figure fails
         print(f"report: not written ({type(e).__name__}: {e})", file=sys.stderr)
 

@@ -140,23 +140,3 @@ class RunConfig:
     scoring_workers: Optional[int] = None
     progress: bool = True
     report: bool = True
-
-
-def register_configs() -> None:
-    from hydra.core.config_store import ConfigStore
-
-    from fp8eval.calibrate import register_resolvers
-    from fp8eval.tasks import task_config_classes
-
-    register_resolvers()  # ${calibrated:<strategy>} in conf/kv/fp8_calibrated.yaml, fp8_per_head.yaml
-    cs = ConfigStore.instance()
-    cs.store(name="run_schema", node=RunConfig)
-    # Schemas live in their own group so `--help` lists only real options under model/, kv/, ...;
-    # a YAML option extends one with `defaults: [/schema/<group>/<name>@_here_, _self_]`.
-    cs.store(group="schema/model", name="model", node=ModelConfig)
-    cs.store(group="schema/kv", name="kv", node=KVConfig)
-    cs.store(group="schema/engine", name="engine", node=EngineConfig)
-    cs.store(group="schema/task", name="task", node=TaskConfig)
-    cs.store(group="schema/suite", name="suite", node=SuiteConfig)
-    for name, cls in task_config_classes().items():
-        cs.store(group="schema/task", name=name, node=cls)

@@ -13,20 +13,11 @@ import shutil
 from pathlib import Path
 
 from fp8eval.config import ModelConfig
+from fp8eval.core.paths import cache_root
 
 
 class ModelUnavailable(RuntimeError):
     pass
-
-
-def cache_root() -> Path:
-    """Every cache of fp8eval (converted models, calibrations, MRCR manifests, o200k, reports, file
-    hashes, vLLM logs outside the CLI): `$FP8EVAL_CACHE`, else `$XDG_CACHE_HOME/fp8eval`, else
-    `~/.cache/fp8eval`."""
-    if os.environ.get("FP8EVAL_CACHE"):
-        return Path(os.environ["FP8EVAL_CACHE"]).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "fp8eval"
 
 
 def embedded_gguf_path(model: ModelConfig) -> Path:

@@ -8,6 +8,7 @@ import sys
 import typing
 
 from fp8eval.config import EngineConfig, KVConfig, ModelConfig, RunConfig
+from fp8eval.tasks import task_class
 
 _GROUP_SCHEMAS = {"model": ModelConfig, "kv": KVConfig, "engine": EngineConfig}
 # Flags of the Hydra CLI that take a value.
@@ -33,8 +34,6 @@ def unknown_key_message(key: str, task_name: str) -> str | None:
     if head == "hydra":
         return None
     if head == "task":
-        from fp8eval.tasks import task_class
-
         try:
             schema = task_class(task_name).config_class
         except KeyError:

@@ -7,23 +7,16 @@ A torn last line (the process died mid-write) is ignored on read and repaired on
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
+
+from fp8eval.core.hashing import canonical_json, fingerprint_hash  # noqa: F401 - re-exported
 
 # 2: seeds are the sample's seed + repeat (fp8eval.seeds), so records seeded otherwise are never reused.
 RECORD_SCHEMA = 2
-
-
-def canonical_json(obj: Any) -> str:
-    return json.dumps(obj, sort_keys=True, ensure_ascii=False, separators=(",", ":"), default=str)
-
-
-def fingerprint_hash(material: dict) -> str:
-    return hashlib.sha256(canonical_json(material).encode("utf-8")).hexdigest()
 
 
 def read_records(path: Path) -> list[dict]:

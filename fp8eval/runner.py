@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from fp8eval.errors import Fp8evalError
-
 import dataclasses
 import json
 import sys
@@ -13,35 +11,25 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
+from tqdm import tqdm
 
-from fp8eval.config import KV_EMULATION_DEFAULTS, KVConfig, RunConfig, SamplingConfig
+from fp8eval.arms import ArmSpec, resolve_arms
+from fp8eval.config import KV_EMULATION_DEFAULTS, RunConfig, SamplingConfig
+from fp8eval.core.errors import Fp8evalError
+from fp8eval.core.reasoning import split_reasoning
+from fp8eval.core.seeds import derive_seed
 from fp8eval.engines import build_engine
 from fp8eval.engines.base import Request
 from fp8eval.engines.prompting import prompt_text_for
-from fp8eval.reasoning import split_reasoning
-from fp8eval.records import RECORD_SCHEMA, ArmStore, fingerprint_hash
-from fp8eval.seeds import derive_seed
+from fp8eval.records import RECORD_SCHEMA, ArmStore, fingerprint_hash, read_records
 from fp8eval.scoring.pool import Scorer, auto_workers
-from fp8eval.summary import DONE_STATUSES, arm_summary, paired_recovery, select
+from fp8eval.metrics.arm import DONE_STATUSES, arm_summary, paired_recovery, select
 from fp8eval.tasks import task_class
-from fp8eval.tasks.base import PROJECT_ROOT, Prompt, Sample, SkipSample, Task, TaskContext
+from fp8eval.tasks.base import Prompt, Sample, SkipSample, Task, TaskContext
 from fp8eval.token_counts import TokenCountCache
-
-CONF_DIR = PROJECT_ROOT / "conf"
-
 
 class RunError(Fp8evalError):
     """A run cannot proceed; the message says why and what to do."""
-
-
-def load_kv(name: str) -> KVConfig:
-    path = CONF_DIR / "kv" / f"{name}.yaml"
-    if not path.exists():
-        valid = sorted(p.stem for p in (CONF_DIR / "kv").glob("*.yaml"))
-        raise RunError(f"baseline={name!r} is not a kv option; valid: {', '.join(valid)}, none")
-    node = OmegaConf.load(path)
-    node.pop("defaults", None)
-    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(KVConfig), node))
 
 
 def effective_sampling(cfg: RunConfig) -> dict:
@@ -85,8 +73,6 @@ class _Progress:
     def __init__(self, total: int, desc: str, enabled: bool):
         self.bar = None
         if enabled and total:
-            from tqdm import tqdm
-
             self.bar = tqdm(total=total, desc=desc, unit="sample", file=sys.stderr, dynamic_ncols=True)
 
     def update(self, n: int) -> None:
@@ -120,15 +106,11 @@ class Runner:
         self.shared: dict = {}
 
     # --- arms -------------------------------------------------------------------------------------------
-    def arms(self) -> list[tuple[str, KVConfig, str]]:
-        """[(kv name, kv config, role)], the baseline first so its records exist before pairing."""
-        variant = self.cfg.kv
-        if not isinstance(variant, KVConfig):
-            variant = OmegaConf.to_object(variant)
-        baseline = self.cfg.baseline
-        if baseline in (None, "none", "") or baseline == variant.name:
-            return [(variant.name, variant, "baseline" if baseline == variant.name else "single")]
-        return [(baseline, load_kv(baseline), "baseline"), (variant.name, variant, "variant")]
+    def arms(self) -> list[ArmSpec]:
+        """Listed baseline first (the order of summary.json's arms), then the variant; one arm alone when
+        `baseline` is none. Both resolved through Hydra the same way (fp8eval.arms). `run()` runs them
+        in the other order: the variant first."""
+        return resolve_arms(self.cfg)
 
     # --- planning ----------------------------------------------------------------------------------------
     def plan(self, task: Task, engine) -> list[PlannedItem]:
@@ -187,14 +169,14 @@ class Runner:
                        prompt_text=prompt_text_for(prompt.messages, prompt.prompt_text, self.cfg.model.chat_template))
 
     # --- fingerprint ---------------------------------------------------------------------------------------
-    def fingerprint_material(self, task: Task, engine, kv: KVConfig) -> dict:
+    def fingerprint_material(self, task: Task, engine, arm: ArmSpec) -> dict:
         model = _as_dict(self.cfg.model)
         for k in ("name", "notes", "sampling"):
             model.pop(k, None)
         task_cfg = _as_dict(self.cfg.task)
         for k in ("repeats", "limit", "sampling", *task.selection_keys):
             task_cfg.pop(k, None)
-        kv_d = _as_dict(kv)
+        kv_d = _as_dict(arm.kv)  # the kv option as composed: its fingerprint is unchanged by ArmSpec
         for k in ("name", "description"):
             kv_d.pop(k, None)
         # Emulation knobs added by issue 18: at their defaults they change nothing, so records made before
@@ -213,8 +195,9 @@ class Runner:
         }
 
     # --- one arm ---------------------------------------------------------------------------------------
-    def run_arm(self, task: Task, engine, kv: KVConfig, items: list[PlannedItem]) -> dict:
-        material = self.fingerprint_material(task, engine, kv)
+    def run_arm(self, task: Task, engine, arm: ArmSpec, items: list[PlannedItem]) -> dict:
+        kv = arm
+        material = self.fingerprint_material(task, engine, arm)
         fp = fingerprint_hash(material)
         store = ArmStore(self.records_root, task.name, fp, material).open()
         existing = store.records()
@@ -280,7 +263,7 @@ class Runner:
         summary.update(task.summarize(summary, records))
         return summary
 
-    def _record(self, fp: str, kv: KVConfig, task: Task, it: PlannedItem, comp, choice) -> dict:
+    def _record(self, fp: str, kv: ArmSpec, task: Task, it: PlannedItem, comp, choice) -> dict:
         rec = {
             "schema": RECORD_SCHEMA, "arm": fp, "kv": kv.name, "task": task.name, "task_version": task.version,
             "sample_id": it.sample.id, "repeat": it.repeat,
@@ -327,8 +310,9 @@ class Runner:
         notes: list[str] = []
         # The variant runs first: a configuration an engine cannot serve (fp8 on a CPU build of vLLM,
         # per-head scales without a scales file) fails before any baseline work is spent.
-        for name, kv, role in sorted(arms, key=lambda a: a[2] == "baseline"):
-            engine = build_engine(cfg, kv, self.shared)
+        for arm in sorted(arms, key=lambda a: a.role == "baseline"):
+            name, role = arm.name, arm.role
+            engine = build_engine(cfg, arm, self.shared)
             try:
                 if task is None:
                     ctx = TaskContext(count_tokens=self._token_counter(engine), max_model_len=engine.max_model_len(),
@@ -339,7 +323,7 @@ class Runner:
                     notes = task.notes()
                     for line in notes:
                         self.out(f"note: {line}")
-                summaries[name] = self.run_arm(task, engine, kv, items)
+                summaries[name] = self.run_arm(task, engine, arm, items)
                 summaries[name]["role"] = role
                 if hasattr(engine, "startup_warnings"):  # vLLM engines: uncalibrated scales, fallbacks
                     summaries[name]["engine_warnings"] = engine.startup_warnings()
@@ -348,8 +332,8 @@ class Runner:
         summary: dict[str, Any] = {
             "model": cfg.model.name,
             "task": cfg.task.name,
-            "baseline": arms[0][0] if arms[0][2] == "baseline" else None,
-            "arms": {name: summaries[name] for name, _, _ in arms},
+            "baseline": arms[0].name if arms[0].role == "baseline" else None,
+            "arms": {a.name: summaries[a.name] for a in arms},
             "recovery": None,
             "notes": notes,
             "sampling": self.sampling,
@@ -357,11 +341,11 @@ class Runner:
             "wall_s": None,
         }
         if len(arms) == 2:
-            base = select(_read(summaries[arms[0][0]]["records"]), {(it.sample.id, it.repeat) for it in items})
-            var = select(_read(summaries[arms[1][0]]["records"]), {(it.sample.id, it.repeat) for it in items})
+            base = select(_read(summaries[arms[0].name]["records"]), {(it.sample.id, it.repeat) for it in items})
+            var = select(_read(summaries[arms[1].name]["records"]), {(it.sample.id, it.repeat) for it in items})
             summary["recovery"] = paired_recovery(base, var)
             for key in getattr(task, "recovery_keys", ()):  # task metrics that are not a mean (MRCR AUC)
-                b, v = summaries[arms[0][0]].get(key), summaries[arms[1][0]].get(key)
+                b, v = summaries[arms[0].name].get(key), summaries[arms[1].name].get(key)
                 summary["recovery"][key] = 100.0 * v / b if b and v is not None else None
         summary["wall_s"] = round(time.perf_counter() - t0, 2)
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -371,8 +355,6 @@ class Runner:
 
 
 def _read(path: str) -> list[dict]:
-    from fp8eval.records import read_records
-
     return read_records(Path(path))
 
 

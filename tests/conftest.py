@@ -18,7 +18,7 @@ def compose(overrides: list[str]):
     from hydra import initialize_config_dir
     from omegaconf import OmegaConf
 
-    from fp8eval.config import register_configs
+    from fp8eval.registry import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
@@ -41,11 +41,17 @@ def run_cli(tmp_path: Path, overrides: list[str], check: bool = True, **kw) -> s
                            "progress=false", *rest], cwd=tmp_path, env=env, capture_output=True, text=True, **kw)
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}")
+    proc.cwd = tmp_path  # the run dir is printed relative to it when it lies under it
     return proc
 
 
+def last_path(proc: subprocess.CompletedProcess) -> Path:
+    """The run dir a CLI printed last, resolved against the directory it ran in."""
+    return Path(getattr(proc, "cwd", "."), proc.stdout.strip().splitlines()[-1])
+
+
 def summary_of(proc: subprocess.CompletedProcess) -> dict:
-    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    run_dir = last_path(proc)
     return json.loads((run_dir / "summary.json").read_text())
 
 

@@ -84,10 +84,10 @@ def test_pool_scores_like_inline():
 
 
 def test_prefix_cache_hit_rate_in_arm_summary():
-    from fp8eval.summary import arm_summary
+    from fp8eval.metrics.arm import arm_summary
 
     base = {"status": "ok", "score": 1.0, "repeat": 0, "sample_id": "a", "groups": []}
-    recs = [dict(base, prompt_tokens=100, cached_prompt_tokens=80), dict(base, prompt_tokens=100, cached_prompt_tokens=0)]
+    recs = [dict(base, prompt_tokens=100, cached_prompt_tokens=80), dict(base, sample_id="b", prompt_tokens=100, cached_prompt_tokens=0)]
     assert arm_summary(recs)["prefix_cache_hit_rate"] == pytest.approx(0.4)
     assert arm_summary([dict(base, prompt_tokens=100, cached_prompt_tokens=None)])["prefix_cache_hit_rate"] is None
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, compose, run_inprocess
-from fp8eval import filehash
+from fp8eval.core import filehash
 from fp8eval.engines import vllm_common as vc
 from fp8eval.engines.fake import FakeEngine
 from fp8eval.token_counts import TokenCountCache
@@ -148,9 +148,9 @@ def test_changed_records_or_settings_rebuild_the_report(tmp_path, isolated_cache
 
 
 def test_cli_rerun_copies_the_report(tmp_path, isolated_cache):
-    from conftest import run_cli
+    from conftest import last_path, run_cli
 
-    dirs = [Path(run_cli(tmp_path, FAST).stdout.strip().splitlines()[-1]) for _ in range(2)]
+    dirs = [last_path(run_cli(tmp_path, FAST)) for _ in range(2)]
     assert dirs[0] != dirs[1]
     assert all((d / "report" / "index.html").is_file() for d in dirs)
     assert len(list((isolated_cache / "reports").iterdir())) == 1  # the second run's report was a hit

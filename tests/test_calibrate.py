@@ -193,7 +193,7 @@ def test_bad_settings_fail_with_the_valid_choices(tmp_path):
 def test_calibrated_resolver_points_at_the_latest_checkpoint(tmp_path, monkeypatch):
     from omegaconf import OmegaConf
 
-    from fp8eval.config import register_configs
+    from fp8eval.registry import register_configs
 
     register_configs()
     monkeypatch.setenv("FP8EVAL_CACHE", str(tmp_path))

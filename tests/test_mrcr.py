@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from fp8eval.metrics import MRCR_EDGES, MRCR_LABELS, bucket_of, context_arena_auc
+from fp8eval.metrics.auc import MRCR_EDGES, MRCR_LABELS, bucket_of, context_arena_auc
 from fp8eval.scoring import mrcr_grade
 
 REPO = Path(__file__).resolve().parents[1]
@@ -25,7 +25,7 @@ def _haystack() -> Path:
 
 
 def _need_o200k():
-    from fp8eval.o200k import o200k_encoding
+    from fp8eval.tasks.mrcr.o200k import o200k_encoding
 
     try:
         return o200k_encoding()
@@ -124,7 +124,7 @@ def test_o200k_is_tiktokens_encoding():
     enc = _need_o200k()
     assert enc.name == "o200k_base" and enc.n_vocab == 200019
     assert enc.encode("hello world") == [24912, 2375]
-    from fp8eval.o200k import count_message_tokens
+    from fp8eval.tasks.mrcr.o200k import count_message_tokens
 
     msgs = [{"role": "user", "content": "hello world"}, {"role": "assistant", "content": "東京🤖"}]
     assert count_message_tokens(msgs) == 2 + len(enc.encode("東京🤖"))
@@ -140,7 +140,7 @@ ASK = re.compile(
 
 
 def _synth(bins, needles, rows, seed=0):
-    from fp8eval.mrcr_synth import synth_rows
+    from fp8eval.tasks.mrcr.synth import synth_rows
 
     return list(synth_rows(bins, needles, rows, seed=seed, haystack_dir=_haystack(),
                            count_tokens=quarter_chars))
@@ -192,8 +192,8 @@ def test_synthetic_rows_land_in_their_bins():
 
 def test_synthetic_rows_land_in_their_bins_by_o200k():
     _need_o200k()
-    from fp8eval.mrcr_synth import synth_rows
-    from fp8eval.o200k import count_message_tokens
+    from fp8eval.tasks.mrcr.synth import synth_rows
+    from fp8eval.tasks.mrcr.o200k import count_message_tokens
 
     rows = list(synth_rows(["8k", "128k", "1M"], [8], 1, seed=3, haystack_dir=_haystack()))
     assert [bucket_of(count_message_tokens(json.loads(r["prompt"]))) for r in rows] == ["8k", "128k", "1M"]
@@ -206,13 +206,13 @@ def test_synthetic_rejects_unknown_bin():
 
 # --- manifest -----------------------------------------------------------------------------------
 def _write(rows, path: Path) -> Path:
-    from fp8eval.mrcr_synth import write_jsonl
+    from fp8eval.tasks.mrcr.synth import write_jsonl
 
     return write_jsonl(rows, path)
 
 
 def test_manifest_is_built_once_and_reused(tmp_path):
-    from fp8eval.mrcr_data import load_or_build_manifest
+    from fp8eval.tasks.mrcr.data import load_or_build_manifest
 
     data = _write(_synth(["8k", "16k"], [2, 4], 1), tmp_path / "rows.jsonl")
     calls = []
@@ -234,8 +234,8 @@ def test_manifest_is_built_once_and_reused(tmp_path):
 
 def test_manifest_parallel_matches_serial_o200k(tmp_path):
     _need_o200k()
-    from fp8eval.mrcr_data import measure_files
-    from fp8eval.o200k import count_message_tokens
+    from fp8eval.tasks.mrcr.data import measure_files
+    from fp8eval.tasks.mrcr.o200k import count_message_tokens
 
     data = _write(_synth(["8k", "32k"], [2], 3), tmp_path / "rows.jsonl")
     parallel = measure_files([data], workers=2)
@@ -245,7 +245,7 @@ def test_manifest_parallel_matches_serial_o200k(tmp_path):
 
 
 def test_row_reader_reads_back_each_row(tmp_path):
-    from fp8eval.mrcr_data import RowReader, measure_files
+    from fp8eval.tasks.mrcr.data import RowReader, measure_files
 
     rows = _synth(["8k"], [2], 3)
     data = _write(rows, tmp_path / "rows.jsonl")
@@ -255,7 +255,7 @@ def test_row_reader_reads_back_each_row(tmp_path):
 
 
 def test_missing_columns_fail_with_the_schema(tmp_path):
-    from fp8eval.mrcr_data import measure_files
+    from fp8eval.tasks.mrcr.data import measure_files
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text(json.dumps({"prompt": "[]", "answer": "x"}) + "\n")
@@ -373,7 +373,7 @@ def _rec(bucket, repeat, score, status="ok"):
 
 
 def test_summary_per_bucket_means_and_auc():
-    from fp8eval.tasks.mrcr import summarize_records
+    from fp8eval.tasks.mrcr.task import summarize_records
 
     records = [
         _rec("8k", 0, 1.0), _rec("8k", 1, 0.8),
@@ -395,7 +395,7 @@ def test_summary_per_bucket_means_and_auc():
 
 
 def test_summary_only_8k_has_no_model_auc():
-    from fp8eval.tasks.mrcr import summarize_records
+    from fp8eval.tasks.mrcr.task import summarize_records
 
     out = summarize_records([_rec("8k", 0, 1.0), _rec("16k", 0, None, "skipped")], [2], False)
     assert out["auc"] is None and out["auc_up_to"] == "8k" and "two edges" in out["auc_note"]
@@ -406,7 +406,7 @@ def test_parquet_rows_stream_and_read_back(tmp_path):
     pa = pytest.importorskip("pyarrow")
     import pyarrow.parquet as pq
 
-    from fp8eval.mrcr_data import RowReader, measure_files
+    from fp8eval.tasks.mrcr.data import RowReader, measure_files
 
     # the hub shards' columns (no `synthetic`), several row groups
     rows = [{k: v for k, v in r.items() if k != "synthetic"} for r in _synth(["8k", "16k"], [2], 3)]
@@ -435,7 +435,7 @@ def test_real_format_rows_note_the_december_fix(tmp_path):
 
 
 def test_oracle_answers_every_synthetic_row_exactly():
-    from fp8eval.mrcr_synth import oracle_answer
+    from fp8eval.tasks.mrcr.synth import oracle_answer
 
     for row in _synth(["8k", "16k"], [2, 4, 8], 2, seed=5):
         messages = json.loads(row["prompt"])
@@ -465,7 +465,7 @@ def test_end_to_end_fake_engine_both_arms(tmp_path):
     _need_o200k()
     _haystack()
     summary = _run_app(
-        tmp_path, "engine=fake", "engine.script=fp8eval.mrcr_synth:fake_engine_oracle",
+        tmp_path, "engine=fake", "engine.script=fp8eval.tasks.mrcr.synth:fake_engine_oracle",
         "+engine.engine_args.fake_fp8_error=0.5", "model.max_model_len=40000",
         "task.synthetic_rows=2", "task.max_bucket=64k", "task.repeats=2",
     )

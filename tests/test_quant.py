@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from fp8eval.quant import fp8_roundtrip
+from fp8eval.core.quant import fp8_roundtrip
 
 
 def test_e4m3_saturates_instead_of_nan():

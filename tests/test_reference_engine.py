@@ -12,7 +12,7 @@ from conftest import compose  # noqa: E402
 from fp8eval.engines.base import Request  # noqa: E402
 from fp8eval.engines.kvcache import KVPolicy  # noqa: E402
 from fp8eval.engines.reference import ReferenceEngine  # noqa: E402
-from fp8eval.haystack import haystack_text  # noqa: E402
+from fp8eval.tasks.niah.haystack import haystack_text  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

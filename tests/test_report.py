@@ -14,9 +14,11 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from fp8eval import stats
+from fp8eval.metrics import stats
 from fp8eval.report import write_report
-from fp8eval.report.analysis import PairingError, _context_arena_auc, pair_arms
+from fp8eval.metrics.auc import context_arena_auc
+from fp8eval.metrics.pairing import PairingError
+from fp8eval.report.analysis import pair_arms
 from fp8eval.report.load import Arm, Record, ReportInputError
 from fp8eval.report.verdicts import Thresholds, bucket_sign_test, gate_verdict
 
@@ -251,10 +253,10 @@ def test_stderr_rule_across_repeats_or_samples():
     assert stats.stderr_of_scores(["a", "b", "c"], [0, 0, 0], [1, 0, 1]) == pytest.approx(math.sqrt(1 / 3) / math.sqrt(3))
 
 
-def test_context_arena_auc_fallback_by_hand():
-    assert _context_arena_auc({8192: 1.0, 16384: 0.5}, 16384) == pytest.approx(0.75)
+def test_context_arena_auc_by_hand():
+    assert context_arena_auc({8192: 1.0, 16384: 0.5}, 16384) == pytest.approx(0.75)
     # past the last scored edge the area is zero but the divisor stays
-    assert _context_arena_auc({8192: 1.0, 16384: 0.5}, 32768) == pytest.approx(6144 / 24576)
+    assert context_arena_auc({8192: 1.0, 16384: 0.5}, 32768) == pytest.approx(6144 / 24576)
 
 
 # --- verdicts --------------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, compose, run_cli, run_inprocess, summary_of
+from conftest import REPO, compose, last_path, run_cli, run_inprocess, summary_of
 from fp8eval.records import read_records
 
 FAST = ["engine=fake", "task.lengths=[1024,2048]", "task.depths=[0,50,100]"]
@@ -137,7 +137,8 @@ def test_torn_last_line_is_repaired(tmp_path):
 def test_cli_prints_run_dir_last_and_table(tmp_path):
     proc = run_cli(tmp_path, FAST + ["report=false"])
     last = proc.stdout.strip().splitlines()[-1]
-    assert Path(last, "summary.json").exists()
+    assert not Path(last).is_absolute()  # under the working directory: shown relative to it
+    assert (last_path(proc) / "summary.json").exists()
     assert "recovery" in proc.stdout and "overall" in proc.stdout
 
 
@@ -190,7 +191,7 @@ def test_a_larger_grid_reuses_the_smaller_grids_records(tmp_path):
 def test_suite_runs_each_task_in_its_own_subdirectory(tmp_path):
     proc = run_cli(tmp_path, ["suite=reasoning", "suite.tasks=[aime25,math500]", "engine=fake",
                               "engine.script='const:The answer is \\boxed{70}.'", "task.limit=2", "task.repeats=2"])
-    run_dir = Path(proc.stdout.strip().splitlines()[-1])
+    run_dir = last_path(proc)
     assert "reasoning" in run_dir.name
     suite = json.loads((run_dir / "suite.json").read_text())
     assert suite["suite"] == ["aime25", "math500"]
@@ -207,7 +208,7 @@ def vllm_child_seed(request, index: int) -> str:
 
 
 def test_every_repeat_is_sampled_with_the_seed_its_record_states(tmp_path):
-    from fp8eval.seeds import derive_seed
+    from fp8eval.core.seeds import derive_seed
 
     overrides = FAST + ["baseline=none", "engine.script=test_runner:vllm_child_seed", "task.repeats=4"]
     first = run_inprocess(tmp_path, overrides, "a")

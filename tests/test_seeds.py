@@ -2,7 +2,7 @@ import subprocess
 from pathlib import Path
 import sys
 
-from fp8eval.seeds import derive_seed, permutation
+from fp8eval.core.seeds import derive_seed, permutation
 
 
 def test_seeds_are_pure_functions_of_sample_repeat_and_base():
@@ -17,7 +17,7 @@ def test_seeds_are_pure_functions_of_sample_repeat_and_base():
 
 
 def test_seed_does_not_depend_on_the_process_hash_salt():
-    code = "from fp8eval.seeds import derive_seed, permutation; print(derive_seed('x', 3, 9), permutation(4, 'x', 3, 9))"
+    code = "from fp8eval.core.seeds import derive_seed, permutation; print(derive_seed('x', 3, 9), permutation(4, 'x', 3, 9))"
     outs = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            env={"PYTHONHASHSEED": str(s), "PATH": ""}, cwd=Path(__file__).parents[1]).stdout for s in (1, 2)}
     assert len(outs) == 1

@@ -163,7 +163,7 @@ def _flow(model: str, length: int):
     cfg = compose_sensitivity([f"model={model}", f"sensitivity.lengths=[{length}]", "sensitivity.progress=false",
                                "engine.threads=1"])
     try:
-        result = run(cfg, baseline_kv(cfg.baseline), log=lambda *a: None)
+        result = run(cfg, baseline_kv(cfg.baseline, cfg.model.name), log=lambda *a: None)
     except Exception as e:
         if "embedded model" in str(e):
             pytest.skip(f"embedded model unavailable: {e}")
@@ -205,7 +205,7 @@ def test_all_layers_skipped_gives_zero_divergence(smollm2_flow):
     from fp8eval.sensitivity.run import baseline_kv
 
     cfg, _, _ = smollm2_flow
-    p = Passes(cfg, baseline_kv("bf16"))
+    p = Passes(cfg, baseline_kv("bf16", cfg.model.name))
     doc = p.passages(1, [24])[0]
     base = Baseline(p, p.hidden(p.bf16, doc.ids), 1.0)
     zero, full = BucketAccumulator(), BucketAccumulator()

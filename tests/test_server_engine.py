@@ -346,7 +346,7 @@ def compose_run(overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from fp8eval.config import register_configs
+    from fp8eval.registry import register_configs
 
     register_configs()
     conf_dir = str(Path(__file__).resolve().parents[1] / "conf")
@@ -470,7 +470,7 @@ def test_runner_resumes_after_the_server_dies_mid_run(tmp_path):
     import threading
 
     from conftest import run_inprocess
-    from fp8eval.errors import Fp8evalError
+    from fp8eval.core.errors import Fp8evalError
     from fp8eval.records import read_records
 
     model = "HuggingFaceTB/SmolLM2-135M-Instruct"  # what the default model config asks the server for

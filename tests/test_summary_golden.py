@@ -5,8 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from fp8eval.metrics.pairing import PairingError
+
 from fp8eval.records import read_records
-from fp8eval.summary import arm_summary, paired_recovery
+from fp8eval.metrics.arm import arm_summary, paired_recovery
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 
@@ -29,5 +31,5 @@ def test_recovery_refuses_different_prompts():
     b = read_records(GOLDEN / "baseline.jsonl")
     v = read_records(GOLDEN / "variant.jsonl")
     v[0]["prompt_hash"] = "something-else"
-    with pytest.raises(ValueError, match="byte-identical"):
+    with pytest.raises(PairingError, match="different prompt hashes"):
         paired_recovery(b, v)

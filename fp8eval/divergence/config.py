@@ -39,7 +39,7 @@ class DivergenceRunConfig:
 def register_divergence_configs() -> None:
     from hydra.core.config_store import ConfigStore
 
-    from fp8eval.config import register_configs
+    from fp8eval.registry import register_configs
 
     register_configs()
     ConfigStore.instance().store(name="divergence_schema", node=DivergenceRunConfig)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fp8eval.haystack import BOOKS, HAYSTACK_DIR, book_body
+from fp8eval.tasks.niah.haystack import BOOKS, HAYSTACK_DIR, book_body
 
 
 @dataclass(frozen=True)

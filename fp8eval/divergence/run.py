@@ -23,7 +23,7 @@ from fp8eval.divergence import sources
 from fp8eval.divergence.documents import Passage, load_tokenizer, passages
 from fp8eval.engines import build_engine, resolve_kind
 from fp8eval.records import canonical_json, fingerprint_hash
-from fp8eval.runner import load_kv
+from fp8eval.arms import compose_kv
 
 SCHEMA = 1
 TOPK_NOTE = ("KL over the tokens in both arms' top-k prompt_logprobs, both distributions renormalised to that "
@@ -119,7 +119,7 @@ def run(cfg, run_dir: Path, out=print) -> dict:
     records = records if records.is_absolute() else Path.cwd() / records
     variant = cfg.kv if isinstance(cfg.kv, KVConfig) else OmegaConf.to_object(cfg.kv)
     same = cfg.baseline in (None, "", "none", variant.name)
-    arms = [(variant.name, variant)] + ([] if same else [(cfg.baseline, load_kv(cfg.baseline))])
+    arms = [(variant.name, variant)] + ([] if same else [(cfg.baseline, compose_kv(cfg.baseline, cfg.model.name))])
     too_long = [n for n in dcfg.lengths if n > int(cfg.model.max_model_len)]
     if too_long:
         out(f"skipped lengths {too_long}: above model.max_model_len={cfg.model.max_model_len} (not truncated)")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 
+from fp8eval.arms import ArmSpec, merged_engine_args
 from fp8eval.config import KVConfig, RunConfig
 from fp8eval.engines.base import Engine, EngineError
 
@@ -16,15 +17,14 @@ ENGINES: dict[str, str] = {
 }
 
 
-def engine_args(cfg: RunConfig, kv: KVConfig) -> dict:
+def engine_args(cfg: RunConfig, arm: ArmSpec | KVConfig) -> dict:
     """vLLM EngineArgs for an arm: model config, then kv config, then engine config (later wins)."""
-    m = cfg.model
-    args: dict = {"model": m.hf_id, "max_model_len": m.max_model_len, "tensor_parallel_size": m.tensor_parallel_size}
-    if m.revision:
-        args["revision"] = m.revision
-    for layer in (m.engine_args, kv.engine_args, cfg.engine.engine_args):
-        args.update(dict(layer))
-    return args
+    return dict(as_arm(cfg, arm).engine_args)
+
+
+def as_arm(cfg: RunConfig, arm: ArmSpec | KVConfig) -> ArmSpec:
+    """An ArmSpec as is; a bare KVConfig (library use: one arm, no baseline) wrapped into one."""
+    return arm if isinstance(arm, ArmSpec) else ArmSpec(arm, "single", merged_engine_args(cfg, arm))
 
 
 def resolve_kind(cfg: RunConfig) -> str:
@@ -46,9 +46,11 @@ def resolve_kind(cfg: RunConfig) -> str:
         return "reference"
 
 
-def build_engine(cfg: RunConfig, kv: KVConfig, shared: dict | None = None) -> Engine:
+def build_engine(cfg: RunConfig, arm: ArmSpec | KVConfig, shared: dict | None = None) -> Engine:
+    """The engine for one arm. Every engine reads the kv setting from the ArmSpec only; `shared` lets
+    the two arms of a run share what does not depend on the arm (the reference engine's loaded model)."""
     kind = resolve_kind(cfg)
     if kind not in ENGINES:
         raise EngineError(f"unknown engine kind {kind!r}; valid: auto, {', '.join(sorted(ENGINES))}")
     module, _, cls = ENGINES[kind].partition(":")
-    return getattr(importlib.import_module(module), cls)(cfg, kv, shared)
+    return getattr(importlib.import_module(module), cls)(cfg, as_arm(cfg, arm), shared)

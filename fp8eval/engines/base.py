@@ -7,41 +7,10 @@ they arrive and a crash loses only the requests in flight.
 
 from __future__ import annotations
 
-from fp8eval.errors import Fp8evalError
-
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Protocol, runtime_checkable
 
-
-@dataclass(frozen=True)
-class Request:
-    id: str
-    messages: tuple[dict, ...]  # chat messages [{"role": ..., "content": ...}]
-    n: int  # samples drawn from this one prompt (the task's repeats): one prefill serves all
-    seeds: tuple[int, ...]  # one seed per sample, len == n; engines that take one seed use seeds[0]
-    sampling: dict  # temperature, top_p, top_k, min_p, max_tokens, stop (None = engine default)
-    chat_template_kwargs: dict = field(default_factory=dict)
-    # Set for models without a chat template: the raw text to complete, messages are then ignored.
-    prompt_text: str | None = None
-
-
-@dataclass
-class Choice:
-    text: str  # the answer text, reasoning removed when the engine splits it out
-    finish_reason: str  # "stop" | "length" | "error"
-    output_tokens: int
-    reasoning: str | None = None  # server-side reasoning_content, kept for the records
-    error: str | None = None
-
-
-@dataclass
-class Completion:
-    request_id: str
-    choices: list[Choice]
-    prompt_tokens: int
-    cached_prompt_tokens: int | None = None  # prompt tokens served from a prefix cache, if known
-    latency_s: float = 0.0
-    extra: dict = field(default_factory=dict)
+from fp8eval.core.errors import Fp8evalError
+from fp8eval.core.types import Choice, Completion, Request  # noqa: F401 - the engine API's types
 
 
 class EngineError(Fp8evalError):

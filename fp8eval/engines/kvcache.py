@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from fp8eval.core.quant import KV_CACHE_DTYPE_FORMAT, fp8_roundtrip
 from fp8eval.engines.attention_emulation import emulated_attention
-from fp8eval.quant import KV_CACHE_DTYPE_FORMAT, fp8_roundtrip
 
 ATTENTION_NAME = "fp8eval_kv"
 

@@ -8,6 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from fp8eval.report import write_report
+from fp8eval.metrics.pairing import PairingError
+from fp8eval.report.load import ReportInputError
 
 
 def parser() -> argparse.ArgumentParser:
@@ -39,9 +42,6 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
-    from fp8eval.report import write_report
-    from fp8eval.report.analysis import PairingError
-    from fp8eval.report.load import ReportInputError
 
     try:
         out = write_report(args.paths, args.out, n_boot=args.n_boot, level=args.level, seed=args.seed,

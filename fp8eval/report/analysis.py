@@ -13,13 +13,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from fp8eval import stats
-from fp8eval.report.groups import label_sort_key, cell_key, parse_size, split_label, BARE_FAMILY
+from fp8eval.metrics import stats
+from fp8eval.metrics.arm import mean_of, score_stderr
+from fp8eval.metrics.auc import context_arena_auc
+from fp8eval.metrics.groups import BARE_FAMILY, cell_key, label_sort_key, parse_size, split_label
+from fp8eval.metrics.pairing import PairingError, pair_records, recovery_of
+from fp8eval.metrics.select import is_scored
 from fp8eval.report.load import Arm, Run
-
-
-class PairingError(RuntimeError):
-    """Two arms cannot be compared record by record; the message says why and where."""
 
 
 @dataclass
@@ -46,11 +46,8 @@ def row_seed(base: int, *key: object) -> int:
     return int.from_bytes(hashlib.sha256(text.encode("utf-8")).digest()[:8], "big")
 
 
-def _scored(rec: dict) -> bool:
-    return rec.get("status") == "ok" and rec.get("score") is not None
-
-
 def pair_arms(baseline: Arm, variant: Arm) -> Pair:
+    """Join two arms with `metrics.pairing` (the rule the summary uses) and lay the pairs out as a frame."""
     bv, vv = baseline.task_versions, variant.task_versions
     if bv != vv:
         raise PairingError(
@@ -58,42 +55,26 @@ def pair_arms(baseline: Arm, variant: Arm) -> Pair:
             f" {baseline.label} ({baseline.records_path}) but {sorted(vv)} in variant {variant.label}"
             f" ({variant.records_path}). The task changed between the runs; rerun both arms with one"
             " version.")
-    base = {(str(r.data["sample_id"]), int(r.data["repeat"])): r for r in baseline.records}
-    var = {(str(r.data["sample_id"]), int(r.data["repeat"])): r for r in variant.records}
-    mismatched = [k for k in base.keys() & var.keys()
-                  if base[k].data.get("prompt_hash") and var[k].data.get("prompt_hash")
-                  and base[k].data["prompt_hash"] != var[k].data["prompt_hash"]]
-    if mismatched:
-        mismatched.sort()
-        shown = ", ".join(
-            f"{s}#{r} ({baseline.records_path.name}:{base[(s, r)].line} vs"
-            f" {variant.records_path.name}:{var[(s, r)].line})" for s, r in mismatched[:5])
-        raise PairingError(
-            f"refusing to pair {variant.model}/{variant.task}: {len(mismatched)} of"
-            f" {len(base.keys() & var.keys())} (sample, repeat) pairs have different prompt hashes in"
-            f" baseline {baseline.label} and variant {variant.label}, e.g. {shown}. The arms did not see"
-            " the same prompts (another prompt template, tokenizer, data file or seed), so their scores"
-            " cannot be compared record by record.")
+    b_recs = [r.data for r in baseline.records]
+    v_recs = [r.data for r in variant.records]
+
+    def where(side: str, i: int) -> str:
+        arm = baseline if side == "baseline" else variant
+        return f"{arm.records_path.name}:{arm.records[i].line}"
+
+    try:
+        paired = pair_records(b_recs, v_recs, where)
+    except PairingError as e:
+        raise PairingError(f"refusing to pair {variant.model}/{variant.task} (baseline {baseline.label}, variant"
+                           f" {variant.label}): {e}") from None
     rows, keys = [], []
-    excluded = {"baseline_only": 0, "variant_only": 0, "skipped": 0, "errors": 0}
-    for k in sorted(base.keys() | var.keys()):
-        b, v = base.get(k), var.get(k)
-        src = (b or v).data
-        groups = tuple(src.get("groups") or ())
-        if b is None or v is None:
-            reason = "variant_only" if b is None else "baseline_only"
-        elif "skipped" in (b.data.get("status"), v.data.get("status")):
-            reason = "skipped"
-        elif not (_scored(b.data) and _scored(v.data)):
-            reason = "errors"
-        else:
-            reason = ""
-        keys.append({"sample_id": k[0], "repeat": k[1], "groups": groups, "excluded": reason})
-        if reason:
-            excluded[reason] += 1
+    for k in paired.keys:
+        keys.append({"sample_id": k.sample_id, "repeat": k.repeat, "groups": k.groups, "excluded": k.excluded})
+        if k.excluded:
             continue
+        b, v = baseline.records[k.baseline], variant.records[k.variant]
         rows.append({
-            "sample_id": k[0], "repeat": k[1], "groups": groups, "cell": cell_key(groups),
+            "sample_id": k.sample_id, "repeat": k.repeat, "groups": k.groups, "cell": cell_key(k.groups),
             "b_score": float(b.data["score"]), "v_score": float(v.data["score"]),
             "b_length": b.data.get("finish_reason") == "length",
             "v_length": v.data.get("finish_reason") == "length",
@@ -103,7 +84,7 @@ def pair_arms(baseline: Arm, variant: Arm) -> Pair:
     cols = ["sample_id", "repeat", "groups", "cell", "b_score", "v_score", "b_length", "v_length",
             "b_line", "v_line", "b_extracted", "v_extracted"]
     return Pair(variant.model, variant.task, baseline, variant, pd.DataFrame(rows, columns=cols),
-                excluded, pd.DataFrame(keys, columns=["sample_id", "repeat", "groups", "excluded"]))
+                dict(paired.excluded), pd.DataFrame(keys, columns=["sample_id", "repeat", "groups", "excluded"]))
 
 
 def build_pairs(runs: list[Run], strict: bool = True) -> tuple[list[Pair], list[str]]:
@@ -154,14 +135,20 @@ def recovery_row(pair: Pair, group: str, settings: Settings) -> dict:
         seed=row_seed(settings.seed, pair.model, pair.task, pair.baseline.fingerprint,
                       pair.variant.fingerprint, group))
     n = len(df)
+    # Point values from the same functions as summary.json (metrics.arm, metrics.pairing), in record order.
+    b_recs = [{"sample_id": s, "repeat": r, "status": "ok", "score": x}
+              for s, r, x in zip(df["sample_id"], df["repeat"], df["b_score"])]
+    v_recs = [{"sample_id": s, "repeat": r, "status": "ok", "score": x}
+              for s, r, x in zip(df["sample_id"], df["repeat"], df["v_score"])]
+    b_score, b_err = score_stderr(b_recs)
+    v_score, v_err = score_stderr(v_recs)
+    point = recovery_of(list(zip(df["b_score"], df["v_score"])))
     return {
         "model": pair.model, "task": pair.task, "baseline": pair.baseline.label,
         "variant": pair.variant.label, "group": group, "metric": "pass@1",
-        "baseline_score": df["b_score"].mean() if n else math.nan,
-        "variant_score": df["v_score"].mean() if n else math.nan,
-        "baseline_stderr": stats.stderr_of_scores(df["sample_id"], df["repeat"], df["b_score"]) if n else math.nan,
-        "variant_stderr": stats.stderr_of_scores(df["sample_id"], df["repeat"], df["v_score"]) if n else math.nan,
-        "recovery_pct": ci.point, "ci_low": ci.low, "ci_high": ci.high, "n": n,
+        "baseline_score": _nan(b_score), "variant_score": _nan(v_score),
+        "baseline_stderr": _nan(b_err), "variant_stderr": _nan(v_err),
+        "recovery_pct": _nan(point), "ci_low": ci.low, "ci_high": ci.high, "n": n,
         "n_samples": int(ps.shape[0]), "n_repeats": int(df["repeat"].nunique()) if n else 0,
         "baseline_cutoff_rate": df["b_length"].mean() if n else math.nan,
         "variant_cutoff_rate": df["v_length"].mean() if n else math.nan,
@@ -170,33 +157,20 @@ def recovery_row(pair: Pair, group: str, settings: Settings) -> dict:
     }
 
 
+def _nan(x: float | None) -> float:
+    return math.nan if x is None else float(x)
+
+
 # --- MRCR AUC ---------------------------------------------------------------------------------------
 AUC_KEYS = {"auc": None, "auc_1m": 1024 * 1024}  # summary key -> up_to (None: the arm's largest bucket)
 
 
-def _auc_function():
-    try:  # the harness's definition, once the long-context suite provides it
-        from fp8eval.metrics import context_arena_auc  # type: ignore[import-not-found]
-    except ImportError:
-        return _context_arena_auc
-    return context_arena_auc
-
-
-def _auc(scores_by_edge: dict[int, float], up_to: int, fn=None) -> float:
-    return float((fn or _auc_function())(scores_by_edge, up_to))
-
-
-def _context_arena_auc(scores_by_edge: dict[int, float], up_to: int) -> float:
-    """Context Arena's AUC as specified in issue 4: trapezoids on a linear token axis between bucket
-    upper edges from 8192, stopping at the last edge with a score, divided by (up_to - 8192)."""
-    start = 8192
-    edges = sorted(e for e in scores_by_edge if start <= e <= up_to)
-    if not edges or up_to <= start:
+def _auc(scores_by_edge: dict[int, float], up_to: int) -> float:
+    """Context Arena's AUC (`metrics.auc`); NaN where it is undefined for these buckets (a gap)."""
+    try:
+        return float(context_arena_auc(scores_by_edge, up_to))
+    except ValueError:
         return math.nan
-    area = 0.0
-    for lo, hi in zip(edges, edges[1:]):
-        area += (hi - lo) * (scores_by_edge[lo] + scores_by_edge[hi]) / 2.0
-    return area / (up_to - start)
 
 
 def auc_rows(pair: Pair, settings: Settings) -> tuple[list[dict], list[str]]:
@@ -204,7 +178,6 @@ def auc_rows(pair: Pair, settings: Settings) -> tuple[list[dict], list[str]]:
     within each bucket; it is given only when recomputing the AUC from the records reproduces the
     summary's value, so the CI is surely of the same quantity."""
     rows, notes = [], []
-    auc_fn = _auc_function()
     df = pair.paired
     bucket = df["groups"].map(lambda gs: next((g for g in gs if split_label(g)[0] == BARE_FAMILY
                                                and parse_size(g) is not None), None))
@@ -223,13 +196,13 @@ def auc_rows(pair: Pair, settings: Settings) -> tuple[list[dict], list[str]]:
                                                          c=("b_score", "size")).reset_index())
 
             def stat(bm: dict, vm: dict, up_to=up_to) -> float:
-                b_auc = _auc(bm, up_to, auc_fn)
+                b_auc = _auc(bm, up_to)
                 if not b_auc:
                     raise ZeroDivisionError
-                return 100.0 * _auc(vm, up_to, auc_fn) / b_auc
+                return 100.0 * _auc(vm, up_to) / b_auc
 
-            b_re = _auc((sub.groupby("edge")["b_score"].mean()).to_dict(), up_to, auc_fn)
-            v_re = _auc((sub.groupby("edge")["v_score"].mean()).to_dict(), up_to, auc_fn)
+            b_re = _auc((sub.groupby("edge")["b_score"].mean()).to_dict(), up_to)
+            v_re = _auc((sub.groupby("edge")["v_score"].mean()).to_dict(), up_to)
             if math.isclose(b_re, b_val, abs_tol=1e-6) and math.isclose(v_re, v_val, abs_tol=1e-6):
                 ci = stats.stratified_paired_bootstrap(
                     ps["b"].to_numpy(), ps["v"].to_numpy(), ps["c"].to_numpy(), list(ps["edge"]), stat,
@@ -282,18 +255,16 @@ def arm_table(arms: list[Arm]) -> pd.DataFrame:
     rows = []
     for arm in sorted(arms, key=lambda a: (a.model, a.task, a.label)):
         recs = [r.data for r in arm.records]
-        scored = [r for r in recs if _scored(r)]
+        scored = [r for r in recs if is_scored(r)]
         labels = sorted({g for r in recs for g in (r.get("groups") or ())}, key=label_sort_key)
         for group in ["all", *labels]:
             sel = scored if group == "all" else [r for r in scored if group in (r.get("groups") or ())]
             every = recs if group == "all" else [r for r in recs if group in (r.get("groups") or ())]
-            scores = np.array([float(r["score"]) for r in sel])
+            score, err = score_stderr(sel)
             rows.append({
                 "model": arm.model, "task": arm.task, "arm": arm.label, "kv": arm.kv,
                 "fingerprint": arm.fingerprint[:12], "group": group,
-                "score": float(scores.mean()) if sel else math.nan,
-                "stderr": stats.stderr_of_scores([r["sample_id"] for r in sel], [r["repeat"] for r in sel],
-                                                 scores) if sel else math.nan,
+                "score": _nan(score), "stderr": _nan(err),
                 "n": len(sel), "n_samples": len({r["sample_id"] for r in sel}),
                 "n_repeats": len({r["repeat"] for r in sel}),
                 "cutoff_rate": (sum(r.get("finish_reason") == "length" for r in sel) / len(sel)) if sel else math.nan,
@@ -307,5 +278,5 @@ def arm_table(arms: list[Arm]) -> pd.DataFrame:
 def cell_table(arm: Arm) -> pd.DataFrame:
     """Mean score of an arm per cell (all its labels together), for needle heatmaps."""
     rows = [{"groups": tuple(r.data.get("groups") or ()), "score": float(r.data["score"])}
-            for r in arm.records if _scored(r.data)]
+            for r in arm.records if is_scored(r.data)]
     return pd.DataFrame(rows, columns=["groups", "score"])

@@ -8,7 +8,10 @@ from pathlib import Path
 
 import pandas as pd
 
-from fp8eval.report import analysis, figures, render, verdicts
+import fp8eval.report.analysis as analysis
+import fp8eval.report.figures as figures
+import fp8eval.report.render as render
+import fp8eval.report.verdicts as verdicts
 from fp8eval.report.load import load_runs
 
 

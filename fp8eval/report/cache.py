@@ -20,18 +20,18 @@ import shutil
 import time
 from importlib import metadata
 from pathlib import Path
+from fp8eval.core.paths import cache_root
+from fp8eval.report.load import ReportInputError, _resolve_records_path
 
 OUTPUTS = ("recovery.csv", "flips.csv", "arms.csv", "report.md", "index.html", "verdicts.json", "figures")
 TEXT_SUFFIXES = (".md", ".html", ".json", ".csv")
 KEEP = 32
 _VOLATILE_RUN = ("wall_s",)
 _VOLATILE_ARM = ("requests_sent", "engine_prefill")
-_SOURCES = ("report/*.py", "stats.py", "metrics.py", "summary.py")
+_SOURCES = ("report/*.py", "metrics/*.py")
 
 
 def _root() -> Path:
-    from fp8eval.models import cache_root
-
     return cache_root() / "reports"
 
 
@@ -53,7 +53,6 @@ def _version(name: str) -> str | None:
 
 def report_key(run_dirs: list[Path], settings: dict) -> str | None:
     """The inputs' digest, or None when an input is missing or odd (the builder then says why)."""
-    from fp8eval.report.load import ReportInputError, _resolve_records_path
 
     runs = []
     try:

@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
+from fp8eval.metrics.select import one_per_key
+
 
 class ReportInputError(RuntimeError):
     """An input cannot be read as a run directory; the message says which file and why."""
@@ -34,7 +38,7 @@ class Arm:
     summary: dict  # this arm's entry of summary.json (auc, auc_1m, ... task extras)
     run_dirs: list[Path] = field(default_factory=list)
     label: str = ""  # display name; the kv name unless two arms share it
-    n_duplicates: int = 0  # repeated (sample, repeat) lines in the file; the first one is used
+    n_duplicates: int = 0  # lines replaced by a later line of the same (sample, repeat) (metrics.select)
 
     @property
     def task_versions(self) -> set[str]:
@@ -79,8 +83,6 @@ def _load_config(run_dir: Path) -> dict:
     path = run_dir / ".hydra" / "config.yaml"
     if not path.is_file():
         raise ReportInputError(f"{run_dir}: missing .hydra/config.yaml (the run's identity is read from it)")
-    from omegaconf import OmegaConf
-
     conf = OmegaConf.load(path)
     try:
         return OmegaConf.to_container(conf, resolve=True)  # type: ignore[return-value]
@@ -187,16 +189,8 @@ def _load_arm(model: str, task: str, kv: str, fp: str, path: Path, arm_summary: 
         raise ReportInputError(
             f"{path}:{r.line}: record says task={r.data.get('task')!r} kv={r.data.get('kv')!r},"
             f" the run says task={task!r} kv={kv!r}")
-    seen: set[tuple[str, int]] = set()
-    records: list[Record] = []
-    dups = 0
-    for r in raw:
-        key = (str(r.data["sample_id"]), int(r.data["repeat"]))
-        if key in seen:
-            dups += 1
-            continue
-        seen.add(key)
-        records.append(r)
+    # One record per (sample, repeat) by the rule summary.json uses (metrics.select).
+    records, dups = one_per_key(raw, lambda r: r.data)
     return Arm(model, task, kv, fp, path, records, arm_summary, [run_dir], kv, dups)
 
 

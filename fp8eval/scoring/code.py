@@ -10,6 +10,7 @@ import re
 import zlib
 
 from fp8eval.tasks.base import Score
+from fp8eval.sandbox import run_tests_detailed
 
 _FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+#.-]*)[^\n]*$", re.MULTILINE)
 
@@ -54,7 +55,6 @@ def decode_tests(field: str | list | None) -> list[dict]:
 def score_code(answer_text: str, tests: list[dict], testtype: str, func_name: str | None = None,
                timeout_s: float = 6.0) -> Score:
     """pass@1 for one completion. Tests after the first failing wave are not run (pass@1 is already 0)."""
-    from fp8eval.sandbox import run_tests_detailed
 
     code = extract_code(answer_text)
     if code is None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from fp8eval.seeds import permutation
+from fp8eval.core.seeds import permutation
 from fp8eval.tasks.base import Score
 
 LETTERS = "ABCD"

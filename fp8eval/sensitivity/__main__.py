@@ -19,14 +19,14 @@ register_configs()
 
 @hydra.main(config_path="../../conf", config_name="sensitivity", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from fp8eval.errors import Fp8evalError
+    from fp8eval.core.errors import Fp8evalError
     from fp8eval.sensitivity import outputs
     from fp8eval.sensitivity.run import baseline_kv, run
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     typed = OmegaConf.to_object(cfg)
     try:
-        result = run(typed, baseline_kv(typed.baseline))
+        result = run(typed, baseline_kv(typed.baseline, typed.model.name))
     except Fp8evalError as e:
         print(f"\nfp8eval.sensitivity: {e}", file=sys.stderr)
         sys.exit(2)

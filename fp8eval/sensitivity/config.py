@@ -48,7 +48,7 @@ class SensitivityRunConfig:
 def register_configs() -> None:
     from hydra.core.config_store import ConfigStore
 
-    from fp8eval.config import register_configs as register_run_configs
+    from fp8eval.registry import register_configs as register_run_configs
 
     register_run_configs()  # model/kv/engine options extend /schema/<group>/...
     ConfigStore.instance().store(name="sensitivity_schema", node=SensitivityRunConfig)

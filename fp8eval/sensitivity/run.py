@@ -169,9 +169,8 @@ def _bar(total: int, enabled: bool):
     return tqdm(total=total, unit="pass", disable=not enabled, file=sys.stderr, dynamic_ncols=True)
 
 
-def baseline_kv(name: str):
-    """The baseline kv option, read as `python -m fp8eval` reads it."""
-    from fp8eval.runner import load_kv
+def baseline_kv(name: str, model_name: str):
+    """The baseline kv option, composed by Hydra as `python -m fp8eval` composes its baseline arm."""
+    from fp8eval.arms import compose_kv
 
-    return load_kv(name)
-
+    return compose_kv(name, model_name)

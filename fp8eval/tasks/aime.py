@@ -11,6 +11,8 @@ from typing import Any, Sequence
 
 from fp8eval.tasks.reasoning_data import HubTaskConfig
 from fp8eval.tasks.base import Prompt, Sample, Score, Task
+from fp8eval.tasks import reasoning_data as rd
+from fp8eval.scoring.math import score_aime
 
 
 @dataclass
@@ -35,8 +37,6 @@ class AimeTask(Task):
     prompt_varies_by_repeat = False
 
     def samples(self) -> Sequence[Sample]:
-        from fp8eval.tasks import reasoning_data as rd
-
         out = []
         for i, row in enumerate(rd.task_rows(self)):
             problem = rd.first(row, "problem", "question", "Problem", "Question")
@@ -49,18 +49,12 @@ class AimeTask(Task):
         return rd.finish_samples(self.name, out, self.cfg.limit)
 
     def prompt(self, sample: Sample, repeat: int) -> Prompt:
-        from fp8eval.tasks import reasoning_data as rd
-
         return rd.user_prompt(self.name, problem=sample.data["problem"])
 
     def score(self, sample: Sample, completion: str, repeat: int = 0) -> Score:
-        from fp8eval.scoring.math import score_aime
-
         return score_aime(completion, sample.data["answer"], self.cfg.timeout_s)
 
     def fingerprint(self) -> dict[str, Any]:
-        from fp8eval.tasks import reasoning_data as rd
-
         return {
             "templates": rd.templates_hash(self.name),
             "data_files": rd.data_files_hash(self.cfg.data_files),

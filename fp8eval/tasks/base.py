@@ -6,47 +6,14 @@ because every task's config dataclass is imported to register it with Hydra.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, ClassVar, Sequence
 
 from fp8eval.config import TaskConfig
-from fp8eval.filehash import file_sha256  # noqa: F401 - the tasks' way to name their data by content
-
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-TASK_DATA_ROOT = PROJECT_ROOT / "tasks"
-
-
-@dataclass(frozen=True)
-class Sample:
-    id: str
-    data: dict[str, Any]  # whatever the task needs to build the prompt and to score
-    groups: tuple[str, ...] = ()  # labels this sample's score is also reported under, e.g. ("ctx=4k",)
-
-
-@dataclass(frozen=True)
-class Prompt:
-    messages: tuple[dict, ...]
-    # For models without a chat template the engine renders messages as plain text itself; a task
-    # sets prompt_text only when it needs a specific raw prompt.
-    prompt_text: str | None = None
-
-    def hash(self) -> str:
-        payload = json.dumps(
-            {"messages": list(self.messages), "prompt_text": self.prompt_text},
-            sort_keys=True,
-            ensure_ascii=False,
-        )
-        return hashlib.sha256(payload.encode("utf-8")).hexdigest()
-
-
-@dataclass
-class Score:
-    value: float  # in [0, 1]; pass@1 is its mean
-    extracted: str | None = None  # what was pulled out of the completion, for flip lists and debugging
-    details: dict[str, Any] = field(default_factory=dict)
+from fp8eval.core.filehash import file_sha256  # noqa: F401 - the tasks' way to name their data by content
+from fp8eval.core.paths import PROJECT_ROOT, TASK_DATA_ROOT  # noqa: F401 - re-exported for tasks
+from fp8eval.core.types import Prompt, Sample, Score  # noqa: F401 - the task API's types
 
 
 @dataclass
@@ -115,8 +82,3 @@ class Task:
         """Lines to show the user about this run (e.g. 'grid capped at the model's 8k context')."""
         return []
 
-
-def file_sha256(path: Path) -> str:
-    from fp8eval.filehash import file_sha256 as memoised
-
-    return memoised(path)

@@ -15,6 +15,9 @@ from typing import Any, Optional, Sequence
 
 from fp8eval.tasks.reasoning_data import HubTaskConfig
 from fp8eval.tasks.base import Prompt, Sample, Score, Task
+from fp8eval.tasks import reasoning_data as rd
+from fp8eval.scoring.mcq import choice_order
+from fp8eval.scoring.mcq import correct_letter, score_mcq
 
 _COLUMNS = ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
 
@@ -35,8 +38,6 @@ class GpqaTask(Task):
     prompt_varies_by_repeat = True
 
     def samples(self) -> Sequence[Sample]:
-        from fp8eval.tasks import reasoning_data as rd
-
         out = []
         for i, row in enumerate(rd.task_rows(self)):
             missing = [c for c in _COLUMNS + ("Record ID",) if not row.get(c)]
@@ -52,27 +53,19 @@ class GpqaTask(Task):
         return rd.finish_samples(self.name, out, self.cfg.limit)
 
     def _order(self, sample: Sample, repeat: int) -> list[int]:
-        from fp8eval.scoring.mcq import choice_order
-
         return choice_order(sample.id, repeat, self.ctx.seed)
 
     def prompt(self, sample: Sample, repeat: int) -> Prompt:
-        from fp8eval.tasks import reasoning_data as rd
-
         shown = [sample.data["options"][j] for j in self._order(sample, repeat)]
         return rd.user_prompt(self.name, question=sample.data["question"],
                               A=shown[0], B=shown[1], C=shown[2], D=shown[3])
 
     def score(self, sample: Sample, completion: str, repeat: int | None = None) -> Score:
-        from fp8eval.scoring.mcq import correct_letter, score_mcq
-
         if repeat is None:
             raise TypeError("gpqa_diamond.score needs repeat= (the choice order depends on it)")
         return score_mcq(completion, correct_letter(self._order(sample, repeat)))
 
     def fingerprint(self) -> dict[str, Any]:
-        from fp8eval.tasks import reasoning_data as rd
-
         return {
             "templates": rd.templates_hash(self.name),
             "data_files": rd.data_files_hash(self.cfg.data_files),

@@ -8,6 +8,10 @@ from typing import Any, Sequence
 
 from fp8eval.tasks.reasoning_data import HubTaskConfig
 from fp8eval.tasks.base import Prompt, Sample, Score, Task
+from fp8eval.tasks import reasoning_data as rd
+from fp8eval.scoring.math import last_boxed
+from fp8eval.scoring.math import score_math
+from fp8eval.scoring.math import quick_math
 
 
 @dataclass
@@ -26,14 +30,10 @@ class Math500Task(Task):
     parallel_scoring = True
 
     def samples(self) -> Sequence[Sample]:
-        from fp8eval.tasks import reasoning_data as rd
-
         out = []
         for i, row in enumerate(rd.task_rows(self)):
             answer = row.get("answer")
             if answer is None:
-                from fp8eval.scoring.math import last_boxed
-
                 answer = last_boxed(row.get("solution", ""))
             if answer is None or "problem" not in row:
                 raise ValueError(f"math500: row {i} has no problem/answer (keys: {sorted(row)})")
@@ -47,23 +47,15 @@ class Math500Task(Task):
         return rd.finish_samples(self.name, out, self.cfg.limit)
 
     def prompt(self, sample: Sample, repeat: int) -> Prompt:
-        from fp8eval.tasks import reasoning_data as rd
-
         return rd.user_prompt(self.name, problem=sample.data["problem"])
 
     def score(self, sample: Sample, completion: str, repeat: int = 0) -> Score:
-        from fp8eval.scoring.math import score_math
-
         return score_math(completion, sample.data["answer"], self.cfg.timeout_s)
 
     def quick_score(self, sample: Sample, completion: str, repeat: int = 0) -> Score | None:
-        from fp8eval.scoring.math import quick_math
-
         return quick_math(completion, sample.data["answer"])
 
     def fingerprint(self) -> dict[str, Any]:
-        from fp8eval.tasks import reasoning_data as rd
-
         return {
             "templates": rd.templates_hash(self.name),
             "data_files": rd.data_files_hash(self.cfg.data_files),

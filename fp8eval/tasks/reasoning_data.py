@@ -3,7 +3,7 @@ hub through `datasets` (imported lazily; an offline machine gets an error that s
 
 from __future__ import annotations
 
-from fp8eval.errors import Fp8evalError
+from fp8eval.core.errors import Fp8evalError
 
 import csv
 import json
@@ -16,6 +16,7 @@ from omegaconf import MISSING
 
 from fp8eval.config import TaskConfig
 from fp8eval.tasks.base import PROJECT_ROOT, TASK_DATA_ROOT, file_sha256
+from fp8eval.tasks.base import Prompt
 
 
 @dataclass
@@ -162,6 +163,5 @@ def finish_samples(name: str, samples: list, limit: int | None) -> list:
 
 def user_prompt(task: str, **fields: str):
     """A one-message chat prompt from the task's `prompt.txt`."""
-    from fp8eval.tasks.base import Prompt
 
     return Prompt(messages=({"role": "user", "content": render(read_template(task), **fields)},))

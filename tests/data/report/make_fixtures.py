@@ -22,7 +22,7 @@ import shutil
 from pathlib import Path
 
 from fp8eval.records import canonical_json, fingerprint_hash
-from fp8eval.seeds import derive_seed, rng_for
+from fp8eval.core.seeds import derive_seed, rng_for
 
 HERE = Path(__file__).resolve().parent
 KV = {

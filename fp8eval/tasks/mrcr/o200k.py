@@ -18,14 +18,13 @@ import os
 import threading
 from functools import lru_cache
 from pathlib import Path
+from fp8eval.models import cache_root
 
 ENCODING_NAME = "o200k_base"
 _LOCK = threading.Lock()
 
 
 def cache_dir() -> Path:
-    from fp8eval.models import cache_root
-
     return cache_root() / "tiktoken"
 
 

@@ -17,7 +17,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from fp8eval.metrics import bucket_of
+from fp8eval.metrics.auc import bucket_of
+from fp8eval.tasks.mrcr.o200k import count_message_tokens
+from fp8eval.tasks.base import file_sha256
+from fp8eval.tasks.mrcr.o200k import ENCODING_NAME
 
 MANIFEST_VERSION = "1"
 ROW_FIELDS = (
@@ -118,7 +121,6 @@ def row_id(n_needles: int, prompt: str, answer: str) -> str:
 
 def _measure(prompt: str, answer: str, n_needles: int) -> tuple[str, int]:
     """Worker side: (row id, o200k tokens of the messages' contents)."""
-    from fp8eval.o200k import count_message_tokens
 
     return row_id(n_needles, prompt, answer), count_message_tokens(json.loads(prompt))
 
@@ -214,14 +216,10 @@ def _check_columns(path: Path, row: dict) -> None:
 
 
 def files_sha256(files: list[Path]) -> list[str]:
-    from fp8eval.tasks.base import file_sha256
-
     return [file_sha256(p) for p in files]
 
 
 def tokenizer_identity() -> dict:
-    from fp8eval.o200k import ENCODING_NAME
-
     return {"encoding": ENCODING_NAME, "counted": "sum of encode_ordinary(message content)"}
 
 

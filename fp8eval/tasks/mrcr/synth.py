@@ -20,8 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from fp8eval.metrics import MRCR_BINS, MRCR_LABELS, bucket_of
-from fp8eval.seeds import rng_for
+from fp8eval.metrics.auc import MRCR_BINS, MRCR_LABELS, bucket_of
+from fp8eval.core.paths import PROJECT_ROOT
+from fp8eval.core.seeds import rng_for
 
 GENERATOR_VERSION = "1"
 PREAMBLE = "Here are some examples of conversations succeeded by a follow-up question answered correctly:"
@@ -44,7 +45,7 @@ COLUMNS = (
 
 def default_haystack_dir() -> Path:
     """The project's shipped books, else the shared data copy beside the repository."""
-    root = Path(__file__).resolve().parents[1]
+    root = PROJECT_ROOT
     for candidate in (root / "tasks" / "niah" / "haystack", root.parent / "shared" / "data" / "niah_haystack"):
         if any(candidate.glob("pg*.txt")):
             return candidate
@@ -190,7 +191,7 @@ def synth_rows(
 ) -> Iterator[dict]:
     """rows_per_bin rows for every (needle count, bin), needle counts outer, bins in size order."""
     if count_tokens is None:
-        from fp8eval.o200k import count_tokens
+        from fp8eval.tasks.mrcr.o200k import count_tokens
     bins = list(bins)
     unknown = [b for b in bins if b not in MRCR_LABELS]
     if unknown:
@@ -236,5 +237,5 @@ def oracle_answer(messages: list[dict]) -> str:
 
 
 def fake_engine_oracle(request, sample_index: int) -> str:
-    """`engine.script=fp8eval.mrcr_synth:fake_engine_oracle` for the fake engine."""
+    """`engine.script=fp8eval.tasks.mrcr.synth:fake_engine_oracle` for the fake engine."""
     return oracle_answer(list(request.messages))

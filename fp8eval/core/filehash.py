@@ -17,14 +17,14 @@ import os
 import time
 from pathlib import Path
 
+from fp8eval.core.paths import cache_root
+
 SMALL = 1 << 20
 RACY_S = 1.0  # well above the timestamp granularity of Linux file systems (a clock tick)
 _memo: dict[str, str] | None = None
 
 
 def _memo_path() -> Path:
-    from fp8eval.models import cache_root
-
     return cache_root() / "file-sha256.jsonl"
 
 

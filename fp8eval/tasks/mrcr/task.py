@@ -18,7 +18,17 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fp8eval.config import TaskConfig
+from fp8eval.metrics.arm import score_stderr
+from fp8eval.metrics.select import is_scored
 from fp8eval.tasks.base import Prompt, Sample, Score, SkipSample, Task
+from fp8eval.models import cache_root
+from fp8eval.metrics.auc import MRCR_LABELS
+from fp8eval.tasks.mrcr.data import files_sha256
+from fp8eval.tasks.mrcr.synth import GENERATOR_VERSION, default_haystack_dir, synth_rows, write_jsonl
+from fp8eval.tasks.mrcr.data import RowReader, load_or_build_manifest
+from fp8eval.tasks.mrcr.data import RowRef, row_id
+from fp8eval.scoring import mrcr_grade
+from fp8eval.metrics.auc import EDGE_OF_LABEL, MRCR_EDGES, MRCR_LABELS, context_arena_auc
 
 # openai/mrcr after the December 2025 fix (date_added column, {N}needle/{N}needle_{0,1}.parquet).
 MRCR_REVISION = "f4c69fae7cf81f7ca26b9fee34b392a50f6b8a1d"
@@ -51,14 +61,10 @@ class MrcrConfig(TaskConfig):
 
 
 def _cache_root() -> Path:
-    from fp8eval.models import cache_root
-
     return cache_root() / "mrcr"
 
 
 def _check_config(cfg: MrcrConfig) -> None:
-    from fp8eval.metrics import MRCR_LABELS
-
     bad = [n for n in cfg.needles if n not in NEEDLE_COUNTS]
     if bad or not cfg.needles:
         raise ValueError(f"task.needles={list(cfg.needles)}: each must be one of {list(NEEDLE_COUNTS)}")
@@ -70,8 +76,6 @@ def _check_config(cfg: MrcrConfig) -> None:
 
 
 def selected_buckets(cfg: MrcrConfig) -> list[str]:
-    from fp8eval.metrics import MRCR_LABELS
-
     labels = [b for b in MRCR_LABELS if cfg.buckets is None or b in cfg.buckets]
     if cfg.max_bucket:
         labels = [b for b in labels if MRCR_LABELS.index(b) <= MRCR_LABELS.index(cfg.max_bucket)]
@@ -115,8 +119,6 @@ class MrcrTask(Task):
         if cfg.synthetic:
             return self._synthetic_files()
         if cfg.data_files:
-            from fp8eval.mrcr_data import files_sha256
-
             files: list[Path] = []
             for pattern in cfg.data_files:
                 matches = sorted(glob.glob(os.path.expanduser(pattern)))
@@ -145,8 +147,6 @@ class MrcrTask(Task):
         return files, {"dataset": cfg.dataset, "revision": cfg.revision, "files": names}
 
     def _synthetic_files(self) -> tuple[list[Path], dict]:
-        from fp8eval.mrcr_data import files_sha256
-        from fp8eval.mrcr_synth import GENERATOR_VERSION, default_haystack_dir, synth_rows, write_jsonl
         import hashlib
 
         cfg = self.cfg
@@ -176,7 +176,6 @@ class MrcrTask(Task):
     def samples(self) -> list[Sample]:
         if self._samples is not None:
             return self._samples
-        from fp8eval.mrcr_data import RowReader, load_or_build_manifest
 
         cfg = self.cfg
         self._files, self._data_key = self._resolve_files()
@@ -253,8 +252,6 @@ class MrcrTask(Task):
         return prompt
 
     def _load_messages(self, sample: Sample) -> list[dict]:
-        from fp8eval.mrcr_data import RowRef, row_id
-
         if self._reader is None:
             self.samples()
         ref = RowRef(**{**sample.data, "loc": tuple(sample.data["loc"])})
@@ -268,8 +265,6 @@ class MrcrTask(Task):
 
     # --- scoring ------------------------------------------------------------------------------
     def score(self, sample: Sample, completion: str, repeat: int = 0) -> Score:
-        from fp8eval.scoring import mrcr_grade
-
         ref = sample.data
         prefix = ref["random_string_to_prepend"]
         value = mrcr_grade(completion, ref["answer"], prefix)
@@ -303,33 +298,17 @@ class MrcrTask(Task):
         return lines
 
 
-def _mean(xs: list[float]) -> float:
-    return sum(xs) / len(xs)
-
-
-def _stderr_over_repeats(records: list[dict]) -> float | None:
-    by_repeat: dict[int, list[float]] = {}
-    for r in records:
-        by_repeat.setdefault(int(r["repeat"]), []).append(float(r["score"]))
-    means = [_mean(v) for v in by_repeat.values()]
-    if len(means) < 2:
-        return None
-    m = _mean(means)
-    return math.sqrt(sum((x - m) ** 2 for x in means) / (len(means) - 1) / len(means))
-
-
 def bucket_table(records: list[dict], bucket_of_record) -> dict[str, dict]:
-    from fp8eval.metrics import MRCR_LABELS
-
     table: dict[str, dict] = {}
     for label in MRCR_LABELS:
         mine = [r for r in records if bucket_of_record(r) == label]
         if not mine:
             continue
-        scored = [r for r in mine if r.get("status") == "ok" and r.get("score") is not None]
+        scored = [r for r in mine if is_scored(r)]
+        score, stderr = score_stderr(scored)  # the harness's one stderr rule (metrics.arm)
         table[label] = {
-            "score": _mean([float(r["score"]) for r in scored]) if scored else None,
-            "stderr": _stderr_over_repeats(scored) if scored else None,
+            "score": score,
+            "stderr": stderr,
             "n_scored": len(scored),
             "n_skipped": sum(1 for r in mine if r.get("status") == "skipped"),
             "n_errors": sum(1 for r in mine if r.get("status") == "error"),
@@ -339,7 +318,6 @@ def bucket_table(records: list[dict], bucket_of_record) -> dict[str, dict]:
 
 def auc_from_table(table: dict[str, dict]) -> dict[str, Any]:
     """AUC at the largest bin with a score (Context Arena's "model AUC") and AUC@1M."""
-    from fp8eval.metrics import EDGE_OF_LABEL, MRCR_EDGES, MRCR_LABELS, context_arena_auc
 
     scores = {EDGE_OF_LABEL[b]: row["score"] for b, row in table.items() if row["score"] is not None}
     out: dict[str, Any] = {"auc": None, "auc_up_to": None, "auc_1m": None, "auc_note": None}
@@ -362,7 +340,6 @@ def auc_from_table(table: dict[str, dict]) -> dict[str, Any]:
 def summarize_records(records: list[dict], needles: list[int], synthetic: bool) -> dict[str, Any]:
     """Per-bin mean pass@1 (mean SequenceMatcher ratio), stderr over repeats, AUC at the model's own
     largest reachable bin and AUC@1M, from one arm's records."""
-    from fp8eval.metrics import MRCR_LABELS
 
     def bucket(r: dict) -> str | None:
         return next((g for g in r.get("groups", []) if g in MRCR_LABELS), None)

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from fp8eval.config import SamplingConfig, TaskConfig
-from fp8eval.haystack import HAYSTACK_DIR, haystack_text, sentence_boundary_before
+from fp8eval.tasks.niah.haystack import HAYSTACK_DIR, haystack_text, sentence_boundary_before
 from fp8eval.scoring.niah import niah_score
-from fp8eval.seeds import rng_for
+from fp8eval.core.seeds import rng_for
 from fp8eval.tasks.base import TASK_DATA_ROOT, Prompt, Sample, Score, SkipSample, Task, file_sha256
 
 _WORDS_A = ("amber", "brisk", "calm", "dusty", "eager", "faint", "gentle", "hollow", "icy", "jolly", "keen",
