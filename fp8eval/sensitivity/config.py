@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+
 from omegaconf import MISSING
 
 from fp8eval.config import EngineConfig, KVConfig, ModelConfig

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fp8eval.engines.kvcache import KVPolicy
 from fp8eval.core.quant import FP8_MAX, fp8_roundtrip
+from fp8eval.engines.kvcache import KVPolicy
 
 # Smallest normal value of each format: below it a value keeps fewer mantissa bits.
 FP8_MIN_NORMAL = {"e4m3": 2.0**-6, "e5m2": 2.0**-14}
