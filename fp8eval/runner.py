@@ -21,12 +21,13 @@ from fp8eval.core.seeds import derive_seed
 from fp8eval.engines import build_engine
 from fp8eval.engines.base import Request
 from fp8eval.engines.prompting import prompt_text_for
+from fp8eval.metrics.arm import DONE_STATUSES, arm_summary, paired_recovery, select
 from fp8eval.records import RECORD_SCHEMA, ArmStore, fingerprint_hash, read_records
 from fp8eval.scoring.pool import Scorer, auto_workers
-from fp8eval.metrics.arm import DONE_STATUSES, arm_summary, paired_recovery, select
 from fp8eval.tasks import task_class
 from fp8eval.tasks.base import Prompt, Sample, SkipSample, Task, TaskContext
 from fp8eval.token_counts import TokenCountCache
+
 
 class RunError(Fp8evalError):
     """A run cannot proceed; the message says why and what to do."""

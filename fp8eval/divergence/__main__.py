@@ -17,8 +17,8 @@ register_divergence_configs()
 
 @hydra.main(config_path="../../conf", config_name="divergence", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    from fp8eval.divergence.run import format_table, run
     from fp8eval.core.errors import Fp8evalError
+    from fp8eval.divergence.run import format_table, run
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:

@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
+from fp8eval.arms import compose_kv
 from fp8eval.config import KV_EMULATION_DEFAULTS, KVConfig
 from fp8eval.divergence import measures as M
 from fp8eval.divergence import sources
 from fp8eval.divergence.documents import Passage, load_tokenizer, passages
 from fp8eval.engines import build_engine, resolve_kind
 from fp8eval.records import canonical_json, fingerprint_hash
-from fp8eval.arms import compose_kv
 
 SCHEMA = 1
 TOPK_NOTE = ("KL over the tokens in both arms' top-k prompt_logprobs, both distributions renormalised to that "
