@@ -225,3 +225,24 @@ def test_gemma3_flow_says_whether_sliding_window_layers_are_the_sensitive_ones()
     assert result["kl_with_skip"] < result["kl_full_fp8"]
     types = {d["attention_type"] for d in result["layers"]}
     assert types == {"sliding_attention", "full_attention"}
+
+
+def test_two_command_flow_second_command_runs_with_the_written_list(tmp_path):
+    """The second command of the flow, on the fake engine: the CLI override and the written kv option both
+    reach the engine, and name different arms than plain kv=fp8 (a skip list changes the fingerprint)."""
+    from conftest import run_cli, summary_of
+
+    from fp8eval.sensitivity import outputs
+
+    cfg = compose_sensitivity([])
+    conf = tmp_path / "run" / "conf" / "kv"
+    conf.mkdir(parents=True)
+    (conf / f"{outputs.KV_OPTION}.yaml").write_text(outputs.kv_option_yaml(_fake_result(), cfg.kv))
+    fast = ["engine=fake", "task.lengths=[1024]", "task.depths=[0]", "report=false"]
+    plain = summary_of(run_cli(tmp_path, [*fast, "kv=fp8"]))
+    by_cli = summary_of(run_cli(tmp_path, [*fast, "kv=fp8", "kv.engine_args.kv_cache_dtype_skip_layers=[2,7]"]))
+    by_file = summary_of(run_cli(tmp_path, [*fast, f"hydra.searchpath=[file://{tmp_path / 'run' / 'conf'}]",
+                                            f"kv={outputs.KV_OPTION}"]))
+    fps = [s["arms"][name]["fingerprint"] for s, name in ((plain, "fp8"), (by_cli, "fp8"),
+                                                            (by_file, f"fp8_{outputs.KV_OPTION}"))]
+    assert fps[0] != fps[1] and fps[0] != fps[2]
