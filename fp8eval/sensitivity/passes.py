@@ -102,7 +102,10 @@ class Passes:
         with torch.inference_mode():
             ref = self.engine._model(input_ids=torch.tensor([x], device=self.engine._model.device)).logits[0]
         mine = self.logits(self.hidden(self.bf16, x))
-        if not torch.allclose(ref.float().cpu(), mine.float().cpu(), atol=1e-3, rtol=1e-3):
+        # float32 compute agrees to rounding; bfloat16 logits step by 1/16 around 10, so allow a few steps
+        # there (a forgotten soft-cap or logit scale is off by far more).
+        tol = 1e-3 if ref.dtype == torch.float32 else 0.25
+        if not torch.allclose(ref.float().cpu(), mine.float().cpu(), atol=tol, rtol=tol):
             raise SensitivityError(f"{type(self.engine._model).__name__}: logits from the final hidden states "
                                    f"differ from the model's own (max {float((ref.cpu() - mine.cpu()).abs().max()):.3g})")
 
