@@ -15,9 +15,10 @@ RANK_BY = ("only_this", "all_but_this")
 
 @dataclass
 class SensitivityConfig:
-    # Token lengths of the document prefixes measured (each a separate prefill of every configuration).
+    # Passage lengths in tokens (BOS included), as `python -m fp8eval.divergence` cuts them from the shipped
+    # haystack books; every configuration is prefilled on each passage.
     lengths: list[int] = field(default_factory=lambda: [1024])
-    # How many of the shipped haystack books (fp8eval.haystack.BOOKS, in that order) are the documents.
+    # Passages per length (each from its own book where there are enough books: divergence.documents).
     documents: int = 1
     # Share of the full-FP8 divergence the recommended BF16 layers must remove (0 < target <= 1).
     target: float = 0.5
