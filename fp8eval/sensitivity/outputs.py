@@ -41,7 +41,9 @@ def next_commands(result: dict, run_dir: Path) -> list[str]:
     skip = ",".join(skip_layer_strings(result["recommended_skip_layers"]))
     model, kv = result["model"], result["kv"]
     return [
-        f"python -m fp8eval model={model} kv={kv} " + shlex.quote(f"kv.engine_args.kv_cache_dtype_skip_layers=[{skip}]"),
+        # kv.name labels the arm in tables and reports (the skip list alone would still read "fp8").
+        f"python -m fp8eval model={model} kv={kv} kv.name={kv}_{KV_OPTION} "
+        + shlex.quote(f"kv.engine_args.kv_cache_dtype_skip_layers=[{skip}]"),
         f"python -m fp8eval model={model} hydra.searchpath=[file://{(run_dir / 'conf').resolve()}] kv={KV_OPTION}",
     ]
 
