@@ -40,6 +40,14 @@ def main(cfg: DictConfig) -> None:
             raise
         print(f"\nfp8eval: {cause}", file=sys.stderr)
         sys.exit(2)
+    if typed.dry_run or typed.plan.gpus is not None:  # presets state their cost before they start
+        from fp8eval.plan import format_plan
+        from fp8eval.runner import effective_sampling
+
+        print(format_plan(typed, effective_sampling(typed)))
+        if typed.dry_run:
+            print("dry run: no model loaded, no request sent")
+            return
     try:
         if typed.suite is not None:
             _run_suite(typed, run_dir)
@@ -48,7 +56,7 @@ def main(cfg: DictConfig) -> None:
     except Fp8evalError as e:
         print(f"\nfp8eval: {e}", file=sys.stderr)
         sys.exit(2)
-    if typed.report:
+    if typed.report and typed.shard is None:  # a shard's summary is partial; the unsharded rerun reports
         _write_report(run_dir)
     print(display_path(run_dir))
 

@@ -7,90 +7,21 @@ such as `${calibrated:tensor}`), so the two arms of a pair can never follow diff
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
 from fp8eval.config import KVConfig, RunConfig
+from fp8eval.engines.spec import ArmSpec, merged_engine_args
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.paths import CONF_DIR
+
+__all__ = ["ArmError", "ArmSpec", "compose_kv", "merged_engine_args", "resolve_arms"]
 
 
 class ArmError(Fp8evalError):
     """An arm cannot be resolved (an unknown baseline option, ...); the message lists the valid ones."""
-
-
-@dataclass(frozen=True)
-class ArmSpec:
-    """One arm: its kv option and the vLLM engine args it runs with (model < kv < engine, later wins).
-
-    Engines take everything about the kv setting from here: `engine_args` (real vLLM `EngineArgs` names,
-    `kv_cache_dtype` and `kv_cache_dtype_skip_layers` among them) and the scales fields. The field names
-    mirror `KVConfig`'s so an engine reads `arm.name`, `arm.scales`, ... as it read the kv config."""
-
-    kv: KVConfig
-    role: str  # baseline | variant | single
-    engine_args: dict[str, Any]
-
-    @property
-    def name(self) -> str:
-        return self.kv.name
-
-    @property
-    def description(self) -> str:
-        return self.kv.description
-
-    @property
-    def scales(self) -> str | None:
-        return self.kv.scales
-
-    @property
-    def scale_strategy(self) -> str:
-        return self.kv.scale_strategy
-
-    @property
-    def quantize_attention(self) -> bool:
-        return self.kv.quantize_attention
-
-    @property
-    def attention(self) -> str:
-        return self.kv.attention
-
-    @property
-    def accumulation(self) -> str:
-        return self.kv.accumulation
-
-    @property
-    def kv_cache_dtype(self) -> str:
-        """The cache dtype this arm asks for ("auto" = the model's dtype, i.e. BF16 here)."""
-        return str(self.engine_args.get("kv_cache_dtype", "auto"))
-
-    @property
-    def skip_layers(self) -> list:
-        """Layers whose cache stays in the model dtype: indices and/or "sliding_window"."""
-        return list(self.engine_args.get("kv_cache_dtype_skip_layers") or [])
-
-
-def merged_engine_args(cfg: RunConfig, kv: KVConfig) -> dict[str, Any]:
-    """vLLM EngineArgs for an arm: model config, then kv config, then engine config (later wins)."""
-    m = cfg.model
-    args: dict[str, Any] = {"model": m.hf_id, "max_model_len": m.max_model_len,
-                            "tensor_parallel_size": m.tensor_parallel_size}
-    if m.revision:
-        args["revision"] = m.revision
-    for layer in (m.engine_args, kv.engine_args, cfg.engine.engine_args):
-        args.update(_plain(layer))
-    return args
-
-
-def _plain(node) -> dict:
-    if OmegaConf.is_config(node):
-        return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
-    return dict(node)
 
 
 def compose_kv(name: str, model_name: str) -> KVConfig:

@@ -91,17 +91,21 @@ class EngineConfig:
     fail_after: Optional[int] = None  # raise after this many requests (tests crash handling)
     # server engine
     base_url: Optional[str] = None  # attach to this OpenAI-compatible URL; null = start vllm serve
-    # Per-arm URLs (kv name -> URL) for external servers: the KV dtype is a server start-up flag, so a
-    # paired run needs a BF16 server and an FP8 server. An arm not listed uses base_url.
-    base_urls: dict[str, str] = field(default_factory=dict)
+    # Per-arm URLs (kv name -> URL, or a list of URLs: a replica pool, fp8eval.engines.pool) for external
+    # servers: the KV dtype is a server start-up flag, so a paired run needs a BF16 server and an FP8
+    # server. An arm not listed uses base_url.
+    base_urls: dict[str, Any] = field(default_factory=dict)
     api_key_env: str = "OPENAI_API_KEY"  # name of the environment variable; the key is never written
     served_model_name: Optional[str] = None
     concurrency: int = 8
-    request_timeout_s: float = 3600.0
+    request_timeout_s: float = 3600.0  # long enough for a 32k-token generation on a loaded server
     max_retries: int = 5
     startup_timeout_s: float = 1200.0
     trust_declared_kv: bool = False
     extra_flags: list[str] = field(default_factory=list)
+    # vLLM attention backend (FLASH_ATTN | FLASHINFER | TRITON_ATTN | FLASHMLA ...); null = vLLM picks.
+    # Passed the way the installed vLLM expects and checked against what it ran (fp8eval.engines.attention).
+    attention_backend: Optional[str] = None
     # vllm / server engines: where vLLM's own log goes (null: the Hydra run directory, else the cwd)
     log_dir: Optional[str] = None
 
@@ -119,6 +123,24 @@ class TaskConfig:
 class SuiteConfig:
     name: str = MISSING
     tasks: list[str] = MISSING  # task options, each run with its own conf/task/<name>.yaml
+
+
+@dataclass
+class PlanConfig:
+    """What an experiment costs, stated before it starts (`dry_run=true` prints it; fp8eval.plan)."""
+
+    gpus: Optional[int] = None  # GPUs one engine instance needs (tensor parallel x data parallel)
+    checkpoints: list[str] = field(default_factory=list)  # model options the experiment covers, one run each
+    # Per arm, when the task cannot say itself (fp8eval.plan estimates MRCR and NIAH from the task config).
+    requests_per_arm: Optional[int] = None
+    prefill_tokens_per_arm: Optional[float] = None
+    decode_tokens_per_arm: Optional[float] = None
+    # Throughput of one engine instance (tokens/s) and where that number comes from ("measured: ..." with
+    # the command, or "assumption: ..."): the GPU-hours are only as good as this.
+    prefill_tok_s: Optional[float] = None
+    decode_tok_s: Optional[float] = None
+    throughput_source: str = "assumption"
+    notes: str = ""
 
 
 @dataclass
@@ -140,3 +162,9 @@ class RunConfig:
     scoring_workers: Optional[int] = None
     progress: bool = True
     report: bool = True
+    # "I/N": this process does only shard I of N of the pending (sample, repeat) pairs (fp8eval.shard).
+    shard: Optional[str] = None
+    # Print the plan (GPUs, requests, prefill tokens, GPU-hours) and exit 0 without loading a model.
+    dry_run: bool = False
+    plan: PlanConfig = field(default_factory=PlanConfig)
+

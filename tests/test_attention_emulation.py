@@ -85,6 +85,8 @@ def test_fast_accumulation_model():
     err = {n: _rel(AE.fast_fp8_matmul(a[:, :n], b[:n]).double(), a[:, :n].double() @ b[:n].double())
            for n in (256, 4096)}
     assert 0 < err[256] < err[4096] < 1e-2, err
+    coarse = _rel(AE.fast_fp8_matmul(a, b, align="sum").double(), exact)
+    assert 0 < coarse < 1e-2 and coarse != err[4096]
     # truncation toward zero on the larger exponent's grid
     acc, part = torch.tensor([1.0], dtype=torch.float64), torch.tensor([2.0 ** -20], dtype=torch.float64)
     assert AE.truncating_add(acc, part, bits=13).item() == 1.0

@@ -8,15 +8,14 @@ import pytest
 
 pytest.importorskip("transformers")
 
-from fp8eval.divergence.config import register_divergence_configs  # noqa: E402
 from fp8eval.divergence.run import run  # noqa: E402
+from fp8eval.registry import register_divergence_configs  # noqa: E402
 
 
 def _cfg(tmp_path, *overrides):
+    from conftest import REPO
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
-
-    from conftest import REPO
 
     register_divergence_configs()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
@@ -39,6 +38,7 @@ def test_bf16_is_zero_e5m2_diverges_more_than_e4m3_and_reruns_are_free(tmp_path)
     assert 0 < e4m3["overall"]["kl_mean"] < e5m2["overall"]["kl_mean"]
     assert e4m3["overall"]["dlogp_mean"] < e5m2["overall"]["dlogp_mean"]
     assert set(e4m3["buckets"]) == {"0-256"} and e4m3["buckets"]["0-256"]["n_tokens"] == 95
+    assert e4m3["topk_view"]["overall"]["n_tokens"] == 95 and e4m3["topk_view"]["topk"] == 20
     written = json.loads((tmp_path / "e4m3" / "divergence.json").read_text())
     assert set(written) >= {"model", "kv", "baseline", "engine", "buckets", "overall"}
     assert set(written["buckets"]["0-256"]) == {"kl_mean", "top1_agree", "dlogp_mean", "n_tokens"}
@@ -106,3 +106,36 @@ def test_topk_path_with_a_vllm_like_engine(tmp_path, monkeypatch):
     run(cfg, tmp_path / "again", out=lambda s: None)
     assert _FakeVLLM.calls == calls  # resumed from the kept top-k
     assert "overall" in R.format_table(res)
+
+
+def test_vllm_worker_prompt_logprobs_parsing(monkeypatch):
+    """The worker's prompt_logprobs op against a stand-in vLLM: the first position (None) is dropped and each
+    position keeps its k most likely tokens, even when the prompt token ranks below k."""
+    import sys
+    import types
+    from dataclasses import dataclass
+
+    from fp8eval.engines.vllm_offline import _Worker
+
+    @dataclass
+    class Lp:
+        logprob: float
+        rank: int
+
+    fake = types.ModuleType("vllm")
+    fake.SamplingParams = lambda **kw: kw
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.TokensPrompt = lambda prompt_token_ids: prompt_token_ids
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+
+    class LLM:
+        def generate(self, prompts, params, use_tqdm=False):
+            assert params["prompt_logprobs"] == 2 and params["max_tokens"] == 1
+            plp = [None, {7: Lp(-0.1, 1), 8: Lp(-2.0, 2), 3: Lp(-9.0, 40)}, {9: Lp(-0.5, 1), 4: Lp(-1.0, 2)}]
+            return [types.SimpleNamespace(prompt_logprobs=plp)]
+
+    w = _Worker(out=None)
+    w.llm = LLM()
+    got = w.prompt_logprobs([1, 3, 4], 2)
+    assert got["ids"] == [[7, 8], [9, 4]] and got["logprobs"] == [[-0.1, -2.0], [-0.5, -1.0]]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from conftest import compose
 
@@ -122,3 +124,20 @@ def test_request_json_carries_prompt_text():
     r = Request(id="x", messages=({"role": "user", "content": "a"},), n=1, seeds=(0,), sampling={},
                 chat_template_kwargs={}, prompt_text="a\n\n")
     assert _request_json(r)["prompt_text"] == "a\n\n"
+
+
+def test_emulation_defaults_stay_out_of_fingerprints(tmp_path):
+    """Records made before kv.attention / kv.accumulation existed keep their fingerprint; a non-default mode
+    is another arm."""
+    import json
+
+    from conftest import run_inprocess
+
+    fast = ["engine=fake", "task.lengths=[1024]", "task.depths=[0]", "baseline=none", "report=false"]
+    plain = run_inprocess(tmp_path, fast, "a")
+    fa3 = run_inprocess(tmp_path, fast + ["kv.attention=fa3_fp8"], "b")
+    meta = lambda s: json.loads(Path(s["arms"]["fp8"]["records"]).with_suffix(".arm.json").read_text())  # noqa: E731
+    kv_plain, kv_fa3 = meta(plain)["material"]["kv"], meta(fa3)["material"]["kv"]
+    assert "attention" not in kv_plain and "accumulation" not in kv_plain
+    assert kv_fa3["attention"] == "fa3_fp8"
+    assert plain["arms"]["fp8"]["fingerprint"] != fa3["arms"]["fp8"]["fingerprint"]

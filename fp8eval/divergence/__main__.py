@@ -10,7 +10,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from fp8eval.divergence.config import register_divergence_configs
+from fp8eval.registry import register_divergence_configs
 
 register_divergence_configs()
 

@@ -35,11 +35,3 @@ class DivergenceRunConfig:
     records_dir: str = "outputs/records"
     seed: int = 1234  # unused by prefill; engines read it
 
-
-def register_divergence_configs() -> None:
-    from hydra.core.config_store import ConfigStore
-
-    from fp8eval.registry import register_configs
-
-    register_configs()
-    ConfigStore.instance().store(name="divergence_schema", node=DivergenceRunConfig)

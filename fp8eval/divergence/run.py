@@ -19,11 +19,11 @@ from omegaconf import OmegaConf
 
 from fp8eval.arms import compose_kv
 from fp8eval.config import KV_EMULATION_DEFAULTS, KVConfig
+from fp8eval.core.hashing import canonical_json, fingerprint_hash
 from fp8eval.divergence import measures as M
 from fp8eval.divergence import sources
 from fp8eval.divergence.documents import Passage, load_tokenizer, passages
 from fp8eval.engines import build_engine, resolve_kind
-from fp8eval.records import canonical_json, fingerprint_hash
 
 SCHEMA = 1
 TOPK_NOTE = ("KL over the tokens in both arms' top-k prompt_logprobs, both distributions renormalised to that "
@@ -90,22 +90,35 @@ def _engine_cfg(cfg):
     return cfg
 
 
-def _measures(base: dict, var: dict, ref_engine, n_pos: int):
-    """Per-position (kl, top1, dlogp, n_shared or None) over positions 0..n_pos-1."""
-    if "hidden" in base:
-        ref_engine._load()  # a fully resumed run has not loaded the model yet
-        vocab = ref_engine._model.get_output_embeddings().weight.shape[0]
-        step = max(16, (1 << 24) // vocab)  # ~16M logits a slice per arm
-        parts = []
-        for s in range(0, n_pos, step):
-            lb = sources.logits_from_hidden(ref_engine, base["hidden"][s:min(s + step, n_pos)])
-            lv = sources.logits_from_hidden(ref_engine, var["hidden"][s:min(s + step, n_pos)])
-            parts.append((M.kl_from_logits(lb, lv), M.top1_from_logits(lb, lv), M.dlogp_from_logits(lb, lv)))
-        return (np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
-                np.concatenate([p[2] for p in parts]), None)
-    args = (base["ids"][:n_pos], base["logprobs"][:n_pos], var["ids"][:n_pos], var["logprobs"][:n_pos])
+def _topk_measures(base_ids, base_lp, var_ids, var_lp):
+    args = (base_ids, base_lp, var_ids, var_lp)
     kl, n_shared = M.kl_from_topk(*args)
     return kl, M.top1_from_topk(*args), M.dlogp_from_topk(*args), n_shared
+
+
+def _measures(base: dict, var: dict, ref_engine, n_pos: int, topk: int):
+    """Per-position (kl, top1, dlogp, n_shared or None) over positions 0..n_pos-1; for the reference engine
+    also the same measures from each arm's top-k only (what vLLM's prompt_logprobs would have given), so
+    an emulation can be set against the real kernel on the same footing."""
+    if "hidden" not in base:
+        n = n_pos
+        return _topk_measures(base["ids"][:n], base["logprobs"][:n], var["ids"][:n], var["logprobs"][:n]), None
+    import torch
+
+    ref_engine._load()  # a fully resumed run has not loaded the model yet
+    vocab = ref_engine._model.get_output_embeddings().weight.shape[0]
+    step = max(16, (1 << 24) // vocab)  # ~16M logits a slice per arm
+    exact, approx = [], []
+    for s in range(0, n_pos, step):
+        lb = sources.logits_from_hidden(ref_engine, base["hidden"][s:min(s + step, n_pos)])
+        lv = sources.logits_from_hidden(ref_engine, var["hidden"][s:min(s + step, n_pos)])
+        exact.append((M.kl_from_logits(lb, lv), M.top1_from_logits(lb, lv), M.dlogp_from_logits(lb, lv)))
+        tb = torch.log_softmax(lb.double(), -1).topk(topk, dim=-1)
+        tv = torch.log_softmax(lv.double(), -1).topk(topk, dim=-1)
+        approx.append(_topk_measures(tb.indices.cpu().numpy(), tb.values.cpu().numpy(),
+                                     tv.indices.cpu().numpy(), tv.values.cpu().numpy()))
+    cat = lambda parts, i: np.concatenate([p[i] for p in parts])  # noqa: E731
+    return (cat(exact, 0), cat(exact, 1), cat(exact, 2), None), tuple(cat(approx, i) for i in range(4))
 
 
 def run(cfg, run_dir: Path, out=print) -> dict:
@@ -120,10 +133,12 @@ def run(cfg, run_dir: Path, out=print) -> dict:
     variant = cfg.kv if isinstance(cfg.kv, KVConfig) else OmegaConf.to_object(cfg.kv)
     same = cfg.baseline in (None, "", "none", variant.name)
     arms = [(variant.name, variant)] + ([] if same else [(cfg.baseline, compose_kv(cfg.baseline, cfg.model.name))])
-    too_long = [n for n in dcfg.lengths if n > int(cfg.model.max_model_len)]
+    # vLLM needs room for one generated token after the prompt: a passage is at most max_model_len - 1.
+    limit = int(cfg.model.max_model_len) - 1
+    too_long = [n for n in dcfg.lengths if n > limit]
     if too_long:
-        out(f"skipped lengths {too_long}: above model.max_model_len={cfg.model.max_model_len} (not truncated)")
-    lengths = [n for n in dcfg.lengths if n <= int(cfg.model.max_model_len)]
+        out(f"skipped lengths {too_long}: above model.max_model_len - 1 = {limit} (never truncated)")
+    lengths = [n for n in dcfg.lengths if n <= limit]
     docs = passages(load_tokenizer(cfg.model), lengths, int(dcfg.documents))
     shared: dict = {}
     data: dict[str, dict[str, dict]] = {}
@@ -158,16 +173,20 @@ def run(cfg, run_dir: Path, out=print) -> dict:
                 engine.close()
     base_name = variant.name if same else cfg.baseline
     edges = tuple(int(e) for e in dcfg.edges)
-    overall, by_length = M.BucketAccumulator(edges=edges), {}
+    overall, by_length, topk_view = M.BucketAccumulator(edges=edges), {}, M.BucketAccumulator(edges=edges)
     shared_counts = []
     for p in docs:
         n_pos = p.length - 1  # the distribution after the last token predicts nothing in the passage
-        kl, top1, dlogp, n_shared = _measures(data[base_name][p.key], data[variant.name][p.key], ref_engine, n_pos)
+        main, approx = _measures(data[base_name][p.key], data[variant.name][p.key], ref_engine, n_pos,
+                                 int(dcfg.topk))
+        kl, top1, dlogp, n_shared = main
         pos = np.arange(n_pos)
         overall.add(pos, kl, top1, dlogp)
         by_length.setdefault(p.length, M.BucketAccumulator(edges=edges)).add(pos, kl, top1, dlogp)
         if n_shared is not None:
             shared_counts.append(n_shared)
+        if approx is not None:
+            topk_view.add(pos, *approx[:3])
     result = {
         "model": cfg.model.name, "kv": variant.name, "baseline": base_name, "engine": resolve_kind(cfg),
         "method": "exact_full_vocabulary" if kind == "hidden" else "topk_shared_renormalised",
@@ -184,6 +203,10 @@ def run(cfg, run_dir: Path, out=print) -> dict:
     }
     if shared_counts:
         result["topk_shared_mean"] = float(np.mean(np.concatenate(shared_counts)))
+    if topk_view.sums:
+        # The same passages measured as a top-k engine would (comparable with engine=vllm's numbers).
+        result["topk_view"] = {"topk": int(dcfg.topk), "method": "topk_shared_renormalised",
+                               "buckets": topk_view.result(), "overall": topk_view.overall()}
     (run_dir / "divergence.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     if dcfg.plot:
         try:

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import importlib
 
-from fp8eval.arms import ArmSpec, merged_engine_args
 from fp8eval.config import KVConfig, RunConfig
 from fp8eval.engines.base import Engine, EngineError
+from fp8eval.engines.spec import ArmSpec, merged_engine_args
 
 # kind -> "module:Class"; imported only when that kind is used (vLLM and torch are heavy).
 ENGINES: dict[str, str] = {
     "fake": "fp8eval.engines.fake:FakeEngine",
     "reference": "fp8eval.engines.reference:ReferenceEngine",
     "vllm": "fp8eval.engines.vllm_offline:VLLMOfflineEngine",
-    "server": "fp8eval.engines.server:ServerEngine",
+    # One URL or a managed server: ServerEngine; several URLs for an arm: a replica pool.
+    "server": "fp8eval.engines.pool:build_server_engine",
 }
 
 

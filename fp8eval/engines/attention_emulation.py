@@ -21,9 +21,10 @@ two-level promotion. Hopper's FP8 MMA adds each k-step's products into an accumu
 14 significant bits (DeepSeek-V3 report, section 3.3.2: "limited to retaining around 14 bits"); CUTLASS and
 DeepGEMM therefore promote partial sums to FP32 CUDA-core registers every few k-steps ("two-level"
 accumulation, what cuBLAS does unless `fast accum` is set). Modelled here as: the K dimension is walked in
-k-steps of FAST_ACC_K (32, one FP8 WGMMA k-step); each step's exact partial sum and the running accumulator
-are aligned to the larger of the two exponents and truncated (toward zero) to FAST_ACC_BITS bits below it,
-then added. The error this model gives vs context length is what `python -m fp8eval.probe --emulate`
+k-steps of FAST_ACC_K (32, one FP8 WGMMA k-step); each step's exact products and the running accumulator
+are aligned to the largest of their exponents and truncated (toward zero) to FAST_ACC_BITS bits below it,
+then added (what studies of tensor-core adders describe: products shifted to the largest exponent, the
+bits shifted out dropped). The error this model gives vs context length is what `python -m fp8eval.probe --emulate`
 prints, to be set against the hardware's (`python -m fp8eval.probe` on a GPU with FP8 tensor cores).
 """
 
@@ -34,10 +35,14 @@ import math
 import torch
 
 from fp8eval.config import ACCUMULATION_MODES, ATTENTION_MODES
-from fp8eval.quant import fp8_roundtrip
+from fp8eval.core.quant import fp8_roundtrip
 
 FAST_ACC_K = 32  # keys per FP8 WGMMA k-step (32 bytes of K per instruction)
 FAST_ACC_BITS = 13  # fraction bits kept below the leading bit: ~14 significant bits
+# What a k-step aligns and truncates: "products" (each exact product and the accumulator, the model above) or
+# "sum" (the step's exact sum and the accumulator: a coarser adder). `python -m fp8eval.probe --fit` on a GPU
+# says which, and which width, matches the hardware.
+FAST_ACC_ALIGN = "products"
 FA3_MAX_OFFSET = 8  # P = exp2(x - (max - 8)) lies in [0, 256]
 # Elements of one [heads, query rows, keys] score slice held at a time (~1 GiB in float32).
 _SLICE_ELEMENTS = 1 << 28
@@ -60,26 +65,42 @@ def fa3_block_n(head_dim: int, sliding: bool = False) -> int:
 def truncating_add(acc: torch.Tensor, part: torch.Tensor, bits: int = FAST_ACC_BITS) -> torch.Tensor:
     """acc + part as a reduced-precision accumulator adds them: both aligned to the larger exponent and
     truncated toward zero to `bits` fraction bits below it (float64 in, float64 out)."""
-    _, exp = torch.frexp(torch.maximum(acc.abs(), part.abs()))
+    return aligned_sum(acc, part.unsqueeze(-2), bits)
+
+
+def aligned_sum(acc: torch.Tensor, terms: torch.Tensor, bits: int = FAST_ACC_BITS) -> torch.Tensor:
+    """One MMA k-step: acc [..., M, N] plus terms [..., M, k, N] (the step's exact products), every addend
+    aligned to the largest exponent among them and truncated toward zero to `bits` fraction bits below it,
+    then summed exactly (float64)."""
+    biggest = torch.maximum(acc.abs(), terms.abs().amax(dim=-2))
+    _, exp = torch.frexp(biggest)
     grid = torch.ldexp(torch.ones_like(acc), (exp - 1 - bits).to(torch.int32))
-    return torch.trunc(acc / grid) * grid + torch.trunc(part / grid) * grid
+    g = grid.unsqueeze(-2)
+    return torch.trunc(acc / grid) * grid + (torch.trunc(terms / g) * g).sum(dim=-2)
 
 
 def fast_fp8_matmul(a: torch.Tensor, b: torch.Tensor, k_step: int = FAST_ACC_K, bits: int = FAST_ACC_BITS,
-                    order: torch.Tensor | None = None) -> torch.Tensor:
-    """a [..., M, K] @ b [..., K, N] accumulated as an FP8 MMA without promotion (see the module docstring).
+                    order: torch.Tensor | None = None, align: str = FAST_ACC_ALIGN) -> torch.Tensor:
+    """a [..., M, K] @ b [..., K, N] accumulated as an FP8 MMA without promotion (see the module docstring):
+    per k-step of `k_step`, the exact products and the accumulator aligned to the largest exponent and
+    truncated to `bits` fraction bits (`aligned_sum`).
 
-    `order`: the order in which the K indices are visited (default 0..K-1); returns float32.
+    `order`: the order in which the K indices are visited (default 0..K-1); `align`: "products" or "sum"
+    (FAST_ACC_ALIGN); returns float32.
     """
+    if align not in ("products", "sum"):
+        raise ValueError(f"align={align!r}; valid: products, sum")
     if order is not None:
         a, b = a.index_select(-1, order), b.index_select(-2, order)
     k = a.shape[-1]
-    acc = None
+    acc = torch.zeros(*a.shape[:-1], b.shape[-1], dtype=torch.float64, device=a.device)
     for start in range(0, k, k_step):
-        part = torch.matmul(a[..., start:start + k_step].double(), b[..., start:start + k_step, :].double())
-        acc = part if acc is None else truncating_add(acc, part, bits)
-    if acc is None:
-        return torch.zeros(*a.shape[:-1], b.shape[-1], dtype=torch.float32, device=a.device)
+        if align == "sum":
+            part = torch.matmul(a[..., start:start + k_step].double(), b[..., start:start + k_step, :].double())
+            acc = truncating_add(acc, part, bits)
+            continue
+        terms = a[..., start:start + k_step].double().unsqueeze(-1) * b[..., start:start + k_step, :].double().unsqueeze(-3)
+        acc = aligned_sum(acc, terms, bits)
     return acc.float()
 
 

@@ -25,6 +25,7 @@ import threading
 import time
 from typing import Any, Iterable, Iterator
 
+from fp8eval.engines import async_bridge, attention
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
 from fp8eval.engines import vllm_common as vc
 
@@ -117,18 +118,20 @@ class ServerEngine:
         vc.precheck_fp8_on_cpu(self.args)
         port = free_loopback_port()
         self.root = f"http://127.0.0.1:{port}"
-        flags = vc.engine_args_to_flags(self.args)
+        python = vc.vllm_python()
+        # engine.attention_backend: a flag for a vLLM that has it, else VLLM_ATTENTION_BACKEND.
+        launch_args, env = attention.for_launch(self.args, vc.child_env(vc.cpu_threads(e.threads, self.args)), python)
+        flags = vc.engine_args_to_flags(launch_args)
         if e.served_model_name:
             flags += ["--served-model-name", str(e.served_model_name)]
         # Cached prompt tokens in usage (one prefill for n samples shows up there).
         if "--enable-prompt-tokens-details" not in e.extra_flags:
             flags.append("--enable-prompt-tokens-details")
-        python = vc.vllm_python()
         cmd = [python, "-m", SERVER_MODULE, "--host", "127.0.0.1", "--port", str(port), *flags,
                *[str(f) for f in e.extra_flags]]
         log_path = vc.log_dir(self.cfg) / f"vllm-server-{getattr(self.kv, 'name', 'arm')}-{port}.log"
         self.log_path = log_path
-        self._server = vc.ChildProcess(cmd, log_path, env=vc.child_env(vc.cpu_threads(e.threads, self.args)))
+        self._server = vc.ChildProcess(cmd, log_path, env=env)
         ok = vc.wait_until(self._healthy, float(e.startup_timeout_s), interval_s=1.0,
                            alive=self._server.alive)
         log = self._server.log_text()
@@ -333,40 +336,11 @@ class ServerEngine:
                     self._prefill[key] = self._prefill.get(key, 0.0) + value - before[key]
 
     def _generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
-        out: queue.Queue = queue.Queue()
-        stop = threading.Event()
-
-        def run() -> None:
-            try:
-                asyncio.run(self._produce(iter(requests), out, stop))
-            except BaseException as exc:  # noqa: BLE001 - handed to the consuming thread
-                out.put(("error", exc))
-            finally:
-                out.put(("end", None))
-
-        thread = threading.Thread(target=run, name="fp8eval-server-client", daemon=True)
-        thread.start()
-        try:
-            while True:
-                kind, item = out.get()
-                if kind == "completion":
-                    yield item
-                elif kind == "error":
-                    raise item
-                else:
-                    return
-        finally:
-            stop.set()
-            thread.join(timeout=30)
+        yield from async_bridge.iterate(lambda out, stop: self._produce(iter(requests), out, stop),
+                                        "fp8eval-server-client")
 
     async def _produce(self, requests: Iterator[Request], out: queue.Queue, stop: threading.Event) -> None:
-        import httpx
-        from openai import AsyncOpenAI
-
-        client = AsyncOpenAI(
-            base_url=self.root + "/v1", api_key=self._api_key, max_retries=0,
-            timeout=httpx.Timeout(self.request_timeout_s, connect=30.0),
-        )
+        client = self.async_client()
         slots = asyncio.Semaphore(self.concurrency)
         tasks: set[asyncio.Task] = set()
         failure: list[BaseException] = []
@@ -400,21 +374,34 @@ class ServerEngine:
         if failure:
             raise failure[0]
 
+    def async_client(self):
+        """An AsyncOpenAI client for this server (no client-side retries: the callers retry)."""
+        import httpx
+        from openai import AsyncOpenAI
+
+        return AsyncOpenAI(base_url=self.root + "/v1", api_key=self._api_key, max_retries=0,
+                           timeout=httpx.Timeout(self.request_timeout_s, connect=30.0))
+
+    async def call_once(self, client, req: Request) -> Completion:
+        """One attempt at a request, exceptions raised as the openai client raises them; `_one` and the
+        replica pool (fp8eval.engines.pool) each wrap it in their own retry policy."""
+        kwargs, extra = self._request_kwargs(req)
+        started = time.monotonic()
+        if req.prompt_text is not None:
+            resp = await client.completions.create(model=self.model_id, prompt=req.prompt_text,
+                                                   extra_body=extra, **kwargs)
+        else:
+            resp = await client.chat.completions.create(model=self.model_id, messages=list(req.messages),
+                                                        extra_body=extra, **kwargs)
+        return self._completion(req, resp, time.monotonic() - started)
+
     async def _one(self, client, req: Request) -> Completion:
         import openai
 
-        kwargs, extra = self._request_kwargs(req)
         last = ""
         for attempt in range(self.max_retries + 1):
-            started = time.monotonic()
             try:
-                if req.prompt_text is not None:
-                    resp = await client.completions.create(model=self.model_id, prompt=req.prompt_text,
-                                                           extra_body=extra, **kwargs)
-                else:
-                    resp = await client.chat.completions.create(model=self.model_id, messages=list(req.messages),
-                                                                extra_body=extra, **kwargs)
-                return self._completion(req, resp, time.monotonic() - started)
+                return await self.call_once(client, req)
             except (openai.APIConnectionError, openai.RateLimitError, openai.InternalServerError) as exc:
                 last = f"{type(exc).__name__}: {exc}"
             except openai.APIStatusError as exc:

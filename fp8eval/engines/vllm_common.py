@@ -15,6 +15,7 @@ from fp8eval.engines.vllm.args import (  # noqa: F401
 )
 from fp8eval.engines.vllm.child import (  # noqa: F401
     ChildProcess,
+    _install_handlers,
     child_env,
     cpu_threads,
     wait_until,

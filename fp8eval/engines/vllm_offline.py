@@ -20,11 +20,13 @@ import time
 import traceback
 from typing import Any, Iterable, Iterator
 
+from fp8eval.engines import attention
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
 from fp8eval.engines.prompting import plain_prompt_text
 from fp8eval.engines.vllm import args as vargs
 from fp8eval.engines.vllm import child as vchild
-from fp8eval.engines.vllm import kvcheck, logscan, stats as vstats
+from fp8eval.engines.vllm import kvcheck, logscan
+from fp8eval.engines.vllm import stats as vstats
 
 WORKER_MODULE = "fp8eval.engines.vllm_offline"
 
@@ -59,14 +61,16 @@ class VLLMOfflineEngine:
 
     def _start(self) -> None:
         kvcheck.precheck_fp8_on_cpu(self.args)
-        env = vchild.child_env(vchild.cpu_threads(self.threads, self.args))
+        # engine.attention_backend: an engine arg for a vLLM that has it, else VLLM_ATTENTION_BACKEND.
+        launch_args, env = attention.for_launch(self.args, vchild.child_env(vchild.cpu_threads(self.threads, self.args)),
+                                                self.python)
         import subprocess
 
         self._child = vchild.ChildProcess(
             [self.python, "-m", WORKER_MODULE, "--worker"], self.log_path, env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )
-        spec = {"engine_args": self.args}
+        spec = {"engine_args": launch_args}
         try:
             self._send(spec)
             reply = self._recv(timeout_s=float(getattr(self.cfg.engine, "startup_timeout_s", 1200.0)))

@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
               f" -> {r['verdict']}")
     for d in verdicts["decisions"]:
         print(f"{d['model']} {d['variant']}: {d['decision']}")
+    worth_path = out / "worth.json"
+    for w in json.loads(worth_path.read_text(encoding="utf-8")) if worth_path.is_file() else []:
+        print(f"{w['model']} {w['variant']}: {w['verdict']}")
     for m in verdicts["refused"]:
         print(f"refused: {m}", file=sys.stderr)
     print(out)

@@ -10,11 +10,10 @@ import hashlib
 import math
 from dataclasses import dataclass, field
 
-import numpy as np
 import pandas as pd
 
 from fp8eval.metrics import stats
-from fp8eval.metrics.arm import mean_of, score_stderr
+from fp8eval.metrics.arm import score_stderr
 from fp8eval.metrics.auc import context_arena_auc
 from fp8eval.metrics.groups import BARE_FAMILY, cell_key, label_sort_key, parse_size, split_label
 from fp8eval.metrics.pairing import PairingError, pair_records, recovery_of

@@ -9,9 +9,11 @@ from pathlib import Path
 import pandas as pd
 
 import fp8eval.report.analysis as analysis
+import fp8eval.report.backends as backends
 import fp8eval.report.figures as figures
 import fp8eval.report.render as render
 import fp8eval.report.verdicts as verdicts
+import fp8eval.report.worth as worth
 from fp8eval.report.load import load_runs
 
 
@@ -52,10 +54,17 @@ def build_report(paths: list[Path], out: Path, *, n_boot: int, level: float, see
     table.drop(columns=["why"]).round(6).to_csv(out / "recovery.csv", index=False)
     flips.round(6).to_csv(out / "flips.csv", index=False)
     arm_stats.round(6).to_csv(out / "arms.csv", index=False)
+    by_backend = backends.backend_table(runs)
+    if len(by_backend):
+        by_backend.round(6).to_csv(out / "backends.csv", index=False)
     data = render.ReportData(table, headline, arm_stats, sign_tests, flips, decisions, figs, th, level,
-                             n_boot, [r.run_dir for r in runs], notes, refused)
-    (out / "report.md").write_text(render.render_markdown(data, out), encoding="utf-8")
-    (out / "index.html").write_text(render.render_html(data), encoding="utf-8")
+                             n_boot, [r.run_dir for r in runs], notes, refused, by_backend)
+    worth_entries = worth.write(paths, table, th.gate, out)  # perf.json beside recovery, when present
+    (out / "report.md").write_text(render.render_markdown(data, out) + worth.markdown(worth_entries),
+                                   encoding="utf-8")
+    page = render.render_html(data)
+    (out / "index.html").write_text(page.replace("</main>", worth.html_section(worth_entries) + "</main>", 1),
+                                    encoding="utf-8")
     (out / "verdicts.json").write_text(json.dumps(_clean({
         "thresholds": th.__dict__, "level": level, "n_boot": n_boot, "decisions": decisions,
         "headline": headline.drop(columns=["why"]).to_dict(orient="records"),

@@ -23,7 +23,8 @@ from pathlib import Path
 from fp8eval.core.paths import cache_root
 from fp8eval.report.load import ReportInputError, _resolve_records_path
 
-OUTPUTS = ("recovery.csv", "flips.csv", "arms.csv", "report.md", "index.html", "verdicts.json", "figures")
+OUTPUTS = ("recovery.csv", "flips.csv", "arms.csv", "report.md", "index.html", "verdicts.json", "worth.json",
+           "figures")
 TEXT_SUFFIXES = (".md", ".html", ".json", ".csv")
 KEEP = 32
 _VOLATILE_RUN = ("wall_s",)

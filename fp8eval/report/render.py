@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pandas as pd
 
+import fp8eval.report.backends as backends
 from fp8eval.report.figures import Figure
 from fp8eval.report.verdicts import SignTest, Thresholds
 
@@ -35,6 +36,7 @@ class ReportData:
     run_dirs: list[Path]
     notes: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
+    backends: pd.DataFrame | None = None  # fp8eval.report.backends.backend_table
 
 
 def _f(x, digits: int = 1, pct: bool = False) -> str:
@@ -82,6 +84,8 @@ def render_markdown(d: ReportData, out: Path) -> str:
     lines += ["", "### Why", ""]
     for r in d.headline.itertuples():
         lines.append(f"- {r.model} · {r.task} · {r.variant}: **{r.verdict}**: {r.why}.")
+    if d.backends is not None:
+        lines += [""] + backends.markdown(d.backends)
     lines += ["", "## Systematic shift (sign tests)", ""]
     if not d.sign_tests:
         lines.append("No task has two or more buckets, and no model has two or more tasks: nothing to test.")
@@ -222,6 +226,10 @@ def render_html(d: ReportData) -> str:
         "model": "text", "task": "text", "baseline": "text", "variant": "text", "metric": "text",
         "baseline_score": "num", "variant_score": "num", "recovery_pct": "pct", "ci_low": "pct",
         "ci_high": "pct", "n": "num", "verdict": "verdict", "why": "wrap"}, "headline", scroll=False) + "</section>")
+    if d.backends is not None and len(d.backends):
+        parts.append("<section><h2>Recovery by attention backend</h2>" + _table(d.backends, {
+            "model": "text", "task": "text", "baseline": "text", "variant": "text", "attention_backend": "text",
+            "verified": "text", "recovery_pct": "pct", "run_dir": "text"}, "backends", scroll=False) + "</section>")
     figs = "".join(_img(f) for f in d.figures)
     parts.append(f'<section id="figures"><h2>Figures</h2>{figs}</section>')
     parts.append("<section><h2>Recovery per group</h2>" + _table(d.table, {

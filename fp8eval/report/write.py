@@ -8,6 +8,7 @@ from typing import Iterable
 
 import fp8eval.report.cache as report_cache
 from fp8eval.report.load import find_run_dirs
+from fp8eval.report.worth import perf_key
 
 
 def write_report(paths: Iterable[Path], out: Path | None = None, *, n_boot: int = 2000,
@@ -31,6 +32,7 @@ def write_report(paths: Iterable[Path], out: Path | None = None, *, n_boot: int 
     if cache:
         settings = {"n_boot": n_boot, "level": level, "seed": seed, "strict": strict,
                     "thresholds": dict(sorted(thresholds.items()))}
+        settings["perf"] = perf_key(paths)  # a new or changed perf.json rebuilds the "worth it?" view
         run_dirs = find_run_dirs(paths)
         key = report_cache.report_key(run_dirs, settings)
         if key and report_cache.restore(key, run_dirs, out):

@@ -6,8 +6,7 @@ because every task's config dataclass is imported to register it with Hydra.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable, ClassVar, Sequence
 
 from fp8eval.config import TaskConfig

@@ -130,14 +130,30 @@ def task_dir(name: str) -> Path:
     return TASK_DATA_ROOT / name
 
 
+# Tasks that pose the same one-message prompt (reason step by step, answer in \boxed{}) share one file.
+SHARED_PROMPTS: dict[str, Path] = {name: TASK_DATA_ROOT / "prompts" / "boxed_answer.txt"
+                                   for name in ("aime24", "aime25", "math500")}
+
+
+def template_path(task: str, filename: str = "prompt.txt") -> Path:
+    """Where a task's template lives: its own folder, or the shared prompt it poses."""
+    if filename == "prompt.txt" and task in SHARED_PROMPTS:
+        return SHARED_PROMPTS[task]
+    return task_dir(task) / filename
+
+
 def read_template(task: str, filename: str = "prompt.txt") -> str:
-    with open(task_dir(task) / filename, encoding="utf-8") as f:
+    with open(template_path(task, filename), encoding="utf-8") as f:
         return f.read()
 
 
 def templates_hash(task: str) -> dict[str, str]:
-    """sha256 of every prompt template file of the task (part of the fingerprint)."""
-    return {p.name: file_sha256(p) for p in sorted(task_dir(task).glob("*.txt"))}
+    """sha256 of every prompt template file of the task, by the name the task knows it by (part of the
+    fingerprint: a shared prompt hashes exactly as the task's own prompt.txt did)."""
+    files = {p.name: p for p in sorted(task_dir(task).glob("*.txt"))}
+    if task in SHARED_PROMPTS:
+        files["prompt.txt"] = SHARED_PROMPTS[task]
+    return {name: file_sha256(path) for name, path in sorted(files.items())}
 
 
 def data_files_hash(data_files: Sequence[str] | None) -> dict[str, str] | None:

@@ -32,7 +32,7 @@ def log_dir(cfg) -> Path:
             return Path(HydraConfig.get().runtime.output_dir)
     except Exception:
         pass
-    from fp8eval.models import cache_root
+    from fp8eval.core.paths import cache_root
 
     return cache_root() / "logs"
 

@@ -160,7 +160,7 @@ def known_failure_hint(cause: str, cache_dtype: str | None = None) -> str:
 
 
 def last_error_line(text: str) -> str:
-    lines = [_ANSI.sub("", l).rstrip() for l in text.splitlines() if l.strip()]
+    lines = [_ANSI.sub("", line).rstrip() for line in text.splitlines() if line.strip()]
     for line in reversed(lines):
         if _EXC_LINE.search(line):
             return line.strip()[:600]

@@ -106,7 +106,9 @@ class NiahTask(Task):
     def prompt(self, sample: Sample, repeat: int) -> Prompt:
         target = int(sample.data["length"])
         if self._chars_per_token is None:
-            probe = self._render(sample, 20000)
+            # Calibrated on the grid's first sample, whichever sample is asked first, so a prompt never
+            # depends on which samples a run plans (a shard plans only its own).
+            probe = self._render(self.samples()[0], 20000)
             self._chars_per_token = 20000 / max(1, self.ctx.count_tokens(probe))
         overhead = self.ctx.count_tokens(self._render(sample, 0))
         if overhead >= target:

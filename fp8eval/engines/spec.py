@@ -1,0 +1,84 @@
+"""ArmSpec: one arm's resolved kv setting, the only thing engines read about it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from fp8eval.config import KVConfig, RunConfig
+from fp8eval.engines.attention import validate as validate_backend
+
+
+@dataclass(frozen=True)
+class ArmSpec:
+    """One arm: its kv option and the vLLM engine args it runs with (model < kv < engine, later wins).
+
+    Engines take everything about the kv setting from here: `engine_args` (real vLLM `EngineArgs` names,
+    `kv_cache_dtype` and `kv_cache_dtype_skip_layers` among them) and the scales fields. The field names
+    mirror `KVConfig`'s so an engine reads `arm.name`, `arm.scales`, ... as it read the kv config."""
+
+    kv: KVConfig
+    role: str  # baseline | variant | single
+    engine_args: dict[str, Any]
+
+    @property
+    def name(self) -> str:
+        return self.kv.name
+
+    @property
+    def description(self) -> str:
+        return self.kv.description
+
+    @property
+    def scales(self) -> str | None:
+        return self.kv.scales
+
+    @property
+    def scale_strategy(self) -> str:
+        return self.kv.scale_strategy
+
+    @property
+    def quantize_attention(self) -> bool:
+        return self.kv.quantize_attention
+
+    @property
+    def attention(self) -> str:
+        """The reference engine's FP8 attention emulation (kv_only | fa3_fp8 | qp_unit_scale)."""
+        return self.kv.attention
+
+    @property
+    def accumulation(self) -> str:
+        """The reference engine's P·V accumulation (exact | fast_fp8)."""
+        return self.kv.accumulation
+
+    @property
+    def kv_cache_dtype(self) -> str:
+        """The cache dtype this arm asks for ("auto" = the model's dtype, i.e. BF16 here)."""
+        return str(self.engine_args.get("kv_cache_dtype", "auto"))
+
+    @property
+    def skip_layers(self) -> list:
+        """Layers whose cache stays in the model dtype: indices and/or "sliding_window"."""
+        return list(self.engine_args.get("kv_cache_dtype_skip_layers") or [])
+
+
+def merged_engine_args(cfg: RunConfig, kv: KVConfig) -> dict[str, Any]:
+    """vLLM EngineArgs for an arm: model config, then kv config, then engine config (later wins)."""
+    m = cfg.model
+    args: dict[str, Any] = {"model": m.hf_id, "max_model_len": m.max_model_len,
+                            "tensor_parallel_size": m.tensor_parallel_size}
+    if m.revision:
+        args["revision"] = m.revision
+    for layer in (m.engine_args, kv.engine_args, cfg.engine.engine_args):
+        args.update(_plain(layer))
+    if getattr(cfg.engine, "attention_backend", None):  # its EngineArgs name; older vLLM: an env variable
+        args["attention_backend"] = validate_backend(cfg.engine.attention_backend)
+    return args
+
+
+def _plain(node) -> dict:
+    if OmegaConf.is_config(node):
+        return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
+    return dict(node)

@@ -1,0 +1,38 @@
+"""`python -m fp8eval.perf`: latency sweep, fits, break-even, throughput, KV capacity per arm.
+
+Prints the table, then the run directory as the last stdout line (perf.json and the plots are there).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from fp8eval.core.paths import display_path
+from fp8eval.perf.config import register_configs
+
+register_configs()
+
+
+@hydra.main(config_path="../../conf", config_name="perf", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    from fp8eval.perf.run import run
+    from fp8eval.perf.table import format_table
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    typed = OmegaConf.to_object(cfg)
+    result = run(typed, run_dir, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    print()
+    print(format_table(result))
+    print(display_path(run_dir))
+    measured = [a for a in result["arms"].values() if any(p.get("n") for p in a.get("points") or [])]
+    if not measured:  # every arm failed to start, or every request failed: say so in the exit status
+        sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()
