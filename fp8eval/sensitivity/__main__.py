@@ -12,9 +12,10 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from fp8eval.sensitivity.config import register_configs, unknown_key_message
+from fp8eval.registry import register_sensitivity_configs
+from fp8eval.sensitivity.config import unknown_key_message
 
-register_configs()
+register_sensitivity_configs()
 
 
 @hydra.main(config_path="../../conf", config_name="sensitivity", version_base="1.3")

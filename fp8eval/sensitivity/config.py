@@ -47,15 +47,6 @@ class SensitivityRunConfig:
     baseline: str = "bf16"
 
 
-def register_configs() -> None:
-    from hydra.core.config_store import ConfigStore
-
-    from fp8eval.registry import register_configs as register_run_configs
-
-    register_run_configs()  # model/kv/engine options extend /schema/<group>/...
-    ConfigStore.instance().store(name="sensitivity_schema", node=SensitivityRunConfig)
-
-
 def validate(s: SensitivityConfig) -> list[str]:
     """Problems with the sensitivity settings, each naming the key and what is valid ([] = fine)."""
     problems = []
