@@ -12,6 +12,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from fp8eval.core.paths import display_path
 from fp8eval.registry import register_sensitivity_configs
 from fp8eval.sensitivity.config import unknown_key_message
 
@@ -33,7 +34,7 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     outputs.write(run_dir, result, typed.kv)
     print((run_dir / "sensitivity.md").read_text(encoding="utf-8").split("\n![heatmap]")[0])
-    print(run_dir)
+    print(display_path(run_dir))
 
 
 def _check(argv: list[str]) -> None:

@@ -9,6 +9,7 @@ import math
 import shlex
 from pathlib import Path
 
+from fp8eval.core.paths import display_path
 from fp8eval.sensitivity.ranking import skip_layer_strings
 
 KV_FILE = "kv_skip_recommended.yaml"
@@ -44,13 +45,14 @@ def next_commands(result: dict, run_dir: Path) -> list[str]:
         # kv.name labels the arm in tables and reports (the skip list alone would still read "fp8").
         f"python -m fp8eval model={model} kv={kv} kv.name={kv}_{KV_OPTION} "
         + shlex.quote(f"kv.engine_args.kv_cache_dtype_skip_layers=[{skip}]"),
-        f"python -m fp8eval model={model} hydra.searchpath=[file://{(run_dir / 'conf').resolve()}] kv={KV_OPTION}",
+        # Relative to the working directory, as every printed run dir (Hydra resolves it from there too).
+        f"python -m fp8eval model={model} hydra.searchpath=[file://{display_path(run_dir / 'conf')}] kv={KV_OPTION}",
     ]
 
 
 def write(run_dir: Path, result: dict, kv) -> list[Path]:
     run_dir.mkdir(parents=True, exist_ok=True)
-    result = dict(result, next_commands=next_commands(result, run_dir), kv_option=str(run_dir / KV_FILE))
+    result = dict(result, next_commands=next_commands(result, run_dir), kv_option=display_path(run_dir / KV_FILE))
     text = kv_option_yaml(result, kv)
     (run_dir / KV_FILE).write_text(text, encoding="utf-8")
     option = run_dir / "conf" / "kv" / f"{KV_OPTION}.yaml"
