@@ -15,6 +15,7 @@ import json
 
 from fp8eval.engines.base import Request
 from fp8eval.tasks.base import TASK_DATA_ROOT
+from fp8eval.tasks.reasoning_data import read_template
 
 P_CORRECT = 0.6
 
@@ -22,7 +23,7 @@ P_CORRECT = 0.6
 @functools.lru_cache(maxsize=1)
 def _table() -> tuple[str, str, dict[str, tuple[str, str]]]:
     """(prompt prefix, prompt suffix, problem -> (gold, solution)) from the shipped MATH-500 copy."""
-    template = (TASK_DATA_ROOT / "math500" / "prompt.txt").read_text(encoding="utf-8")
+    template = read_template("math500")
     prefix, _, suffix = template.partition("{problem}")
     rows = {}
     with open(TASK_DATA_ROOT / "math500" / "test.jsonl", encoding="utf-8") as f:

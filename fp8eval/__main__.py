@@ -18,6 +18,7 @@ from omegaconf.errors import InterpolationResolutionError
 from fp8eval.calibrate.config import CalibrationError
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.paths import CONF_DIR, display_path
+from fp8eval.core.secrets import redact_files
 from fp8eval.overrides import check_overrides, free_dict_overrides
 from fp8eval.registry import register_configs
 from fp8eval.report import write_report
@@ -79,6 +80,7 @@ def _run_suite(typed, run_dir: Path) -> None:
         sub = run_dir / name
         (sub / ".hydra").mkdir(parents=True, exist_ok=True)
         OmegaConf.save(composed, sub / ".hydra" / "config.yaml")
+        redact_files(sub / ".hydra")
         summaries[name] = _run_one(OmegaConf.to_object(composed), sub)
     suite = {"model": typed.model.name, "task": f"suite:{typed.suite.name}", "suite": list(typed.suite.tasks),
              "tasks": {n: str(run_dir / n / "summary.json") for n in summaries},
@@ -99,4 +101,10 @@ def _write_report(run_dir: Path) -> None:
 if __name__ == "__main__":
     check_overrides(sys.argv[1:])
     sys.argv[1:] = free_dict_overrides(sys.argv[1:])
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:
+        # One line, not a traceback: every finished record is on disk, the rest is resent on the rerun.
+        print("\nfp8eval: interrupted; finished records are kept, rerun the same command to resume",
+              file=sys.stderr)
+        sys.exit(130)

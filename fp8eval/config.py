@@ -167,4 +167,3 @@ class RunConfig:
     # Print the plan (GPUs, requests, prefill tokens, GPU-hours) and exit 0 without loading a model.
     dry_run: bool = False
     plan: PlanConfig = field(default_factory=PlanConfig)
-

@@ -13,7 +13,9 @@ import shutil
 from pathlib import Path
 
 from fp8eval.config import ModelConfig
+from fp8eval.core.hub import prepare_offline
 from fp8eval.core.paths import cache_root
+from fp8eval.core.procs import pid_alive
 
 
 class ModelUnavailable(RuntimeError):
@@ -39,8 +41,14 @@ def embedded_gguf_path(model: ModelConfig) -> Path:
         return target
     module = importlib.import_module(pkg)
     if hasattr(module, "assemble"):
+        # Assembled under a temp name and renamed: a run killed mid-way never leaves a torn file where
+        # the next run would take it for the model (the next run removes the dead run's temp file).
         target.parent.mkdir(parents=True, exist_ok=True)
-        return Path(module.assemble(target))
+        remove_stale_temps(target)
+        tmp = target.with_name(target.name + f".tmp{os.getpid()}")
+        tmp.unlink(missing_ok=True)
+        os.replace(Path(module.assemble(tmp)), target)
+        return target
     raise ModelUnavailable(f"GGUF file {model.gguf_file!r} not found in package {pkg!r} ({path.parent}).")
 
 
@@ -59,12 +67,30 @@ def local_model_dir(model: ModelConfig, progress: bool = True) -> Path | str:
         return _convert_gguf(gguf, target)
     if Path(model.hf_id).expanduser().is_dir():
         return Path(model.hf_id).expanduser()
+    prepare_offline()  # unreachable hub: load from the cache at once, or fail at once
     return model.hf_id
+
+
+def remove_stale_temps(target: Path) -> list[Path]:
+    """Delete `<target>.tmp<pid>` files or directories of conversions and assemblies whose process is gone
+    (killed mid-way); a live process's temp is left alone. Returns what was removed."""
+    removed = []
+    for tmp in target.parent.glob(target.name + ".tmp*") if target.parent.is_dir() else []:
+        pid = tmp.name[len(target.name) + 4:]
+        if pid.isdigit() and int(pid) != os.getpid() and pid_alive(int(pid)):
+            continue
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        removed.append(tmp)
+    return removed
 
 
 def _convert_gguf(gguf: Path, target: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    remove_stale_temps(target)
     tmp = target.with_name(target.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)

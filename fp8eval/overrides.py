@@ -94,8 +94,13 @@ def check_overrides(argv: list[str]) -> None:
         if eq and "." not in key and "/" not in key:
             choices[key] = value
     task_name = choices.get("task", "niah").split(",")[0]
+    top = _fields(RunConfig)
     for ov in overrides:
         key, eq, _ = ov.lstrip("+~").partition("=")
+        if "." not in key and "/" not in key and ov.startswith("+") and key not in top and key != "hydra":
+            # `+foo=1` adds a key nothing reads: Hydra accepts it, so a typo would pass silently.
+            print(f"fp8eval: unknown key {key!r}; valid top-level keys: {', '.join(sorted(top))}", file=sys.stderr)
+            sys.exit(2)
         if "." not in key or "/" in key:
             continue
         msg = unknown_key_message(key, task_name)

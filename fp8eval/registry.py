@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from fp8eval.calibrate.config import CalibConfig, CalibrateConfig
 from fp8eval.calibrate.store import latest_checkpoint
 from fp8eval.config import EngineConfig, KVConfig, ModelConfig, RunConfig, SuiteConfig, TaskConfig
+from fp8eval.core.rundir import register_resolver as register_unique_dir
 from fp8eval.divergence.config import DivergenceRunConfig
 from fp8eval.sensitivity.config import SensitivityRunConfig
 from fp8eval.tasks import task_config_classes
@@ -30,6 +31,7 @@ def register_resolvers() -> None:
 def register_configs() -> None:
     """Schemas for `python -m fp8eval` (and every CLI that composes model/kv/engine/task groups)."""
     register_resolvers()  # ${calibrated:<strategy>} in conf/kv/fp8_calibrated.yaml, fp8_per_head.yaml
+    register_unique_dir()  # ${fp8eval_unique_dir:...} in hydra.run.dir
     cs = ConfigStore.instance()
     cs.store(name="run_schema", node=RunConfig)
     # Schemas live in their own group so `--help` lists only real options under model/, kv/, ...;

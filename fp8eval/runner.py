@@ -13,23 +13,26 @@ from typing import Any
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+import fp8eval.shard as shards
 from fp8eval.arms import ArmSpec, resolve_arms
 from fp8eval.config import KV_EMULATION_DEFAULTS, RunConfig, SamplingConfig
 from fp8eval.core.errors import Fp8evalError
+from fp8eval.core.reasoning import split_reasoning
+from fp8eval.core.seeds import derive_seed
 from fp8eval.engines import build_engine
-import fp8eval.shard as shards
 from fp8eval.engines.attention import check as check_attention_backend
 from fp8eval.engines.base import Request
-from fp8eval.core.reasoning import split_reasoning
-from fp8eval.records import RECORD_SCHEMA, ArmStore, fingerprint_hash, read_records
-from fp8eval.core.seeds import derive_seed
+from fp8eval.engines.loglikelihood import send
 from fp8eval.engines.parallel import fingerprint_view
 from fp8eval.engines.prompting import prompt_text_for
+from fp8eval.metrics.arm import arm_summary, paired_recovery
+from fp8eval.records import RECORD_SCHEMA, ArmRecords, ArmStore, fingerprint_hash
 from fp8eval.scoring.pool import Scorer, auto_workers
-from fp8eval.metrics.arm import DONE_STATUSES, arm_summary, paired_recovery, select
 from fp8eval.tasks import task_class
 from fp8eval.tasks.base import Prompt, Sample, SkipSample, Task, TaskContext
 from fp8eval.token_counts import TokenCountCache
+from fp8eval.validate import check_samples, check_task_config
+
 
 class RunError(Fp8evalError):
     """A run cannot proceed; the message says why and what to do."""
@@ -107,6 +110,8 @@ class Runner:
         if not self.records_root.is_absolute():
             self.records_root = Path.cwd() / self.records_root
         self.shared: dict = {}
+        self.views: dict[str, ArmRecords] = {}  # kv name -> the arm's valid records (fp8eval.records.read_arm)
+        self.claim_poll_s = 2.0  # how often to look again while another process holds claims
 
     # --- arms -------------------------------------------------------------------------------------------
     def arms(self) -> list[ArmSpec]:
@@ -120,9 +125,10 @@ class Runner:
         items: list[PlannedItem] = []
         count = task.ctx.count_tokens
         max_len = engine.max_model_len()
-        max_tokens = int(self.sampling["max_tokens"])
+        all_samples = list(task.samples())
+        check_samples(task.name, all_samples, getattr(self.cfg.task, "data_files", None))
         # A shard plans (and counts the tokens of) only its own samples.
-        samples = shards.mine(task.samples(), shards.parse(self.cfg.shard), key=lambda s: s.id)
+        samples = shards.mine(all_samples, shards.parse(self.cfg.shard), key=lambda s: s.id)
         bar = _Progress(len(samples), "building prompts", self.cfg.progress and len(samples) > 20)
         for sample in samples:
             shared_prompt = None
@@ -137,8 +143,10 @@ class Runner:
                     items.append(PlannedItem(sample, repeat, None, None, None, str(e)))
                     continue
                 skip = None
-                if tokens + max_tokens > max_len:
-                    skip = (f"prompt {tokens} + max_tokens {max_tokens} tokens exceed max_model_len {max_len}; "
+                # A scoring prompt generates nothing; a prompt may bring its own max_tokens (lm-eval tasks).
+                budget = 0 if prompt.logprob_pairs else int(self.prompt_sampling(prompt)["max_tokens"])
+                if tokens + budget > max_len:
+                    skip = (f"prompt {tokens} + max_tokens {budget} tokens exceed max_model_len {max_len}; "
                             f"skipped, never truncated")
                 items.append(PlannedItem(sample, repeat, prompt, phash, tokens, skip))
             bar.update(1)
@@ -168,9 +176,23 @@ class Runner:
         return count
 
     def _request(self, rid: str, prompt: Prompt, n: int, seeds: list[int]) -> Request:
-        return Request(id=rid, messages=tuple(prompt.messages), n=n, seeds=tuple(seeds), sampling=dict(self.sampling),
+        return Request(id=rid, messages=tuple(prompt.messages), n=n, seeds=tuple(seeds),
+                       sampling=dict(self.prompt_sampling(prompt)),
                        chat_template_kwargs=dict(self.cfg.model.chat_template_kwargs),
-                       prompt_text=prompt_text_for(prompt.messages, prompt.prompt_text, self.cfg.model.chat_template))
+                       prompt_text=prompt_text_for(prompt.messages, prompt.prompt_text, self.cfg.model.chat_template),
+                       logprob_pairs=tuple(prompt.logprob_pairs))
+
+    def prompt_sampling(self, prompt: Prompt | None) -> dict:
+        """The run's sampling, with a prompt's own settings (an lm-eval task's stops) over the model's and the
+        task config's, and the user's top-level overrides over both."""
+        if prompt is None or not prompt.sampling:
+            return self.sampling
+        out = {**self.sampling, **prompt.sampling}
+        for f in dataclasses.fields(SamplingConfig):
+            v = getattr(self.cfg.sampling, f.name)
+            if v is not None:
+                out[f.name] = list(v) if f.name == "stop" else v
+        return out
 
     # --- fingerprint ---------------------------------------------------------------------------------------
     def fingerprint_material(self, task: Task, engine, arm: ArmSpec) -> dict:
@@ -204,18 +226,67 @@ class Runner:
         material = self.fingerprint_material(task, engine, arm)
         fp = fingerprint_hash(material)
         store = ArmStore(self.records_root, task.name, fp, material).open()
-        existing = store.records()
-        current = {(it.sample.id, it.repeat): it for it in items}
-        done = {(r["sample_id"], r["repeat"]) for r in existing
-                if r["status"] in DONE_STATUSES and (r["sample_id"], r["repeat"]) in current
-                and (r["prompt_hash"] == current[(r["sample_id"], r["repeat"])].prompt_hash
-                     or r["status"] == "skipped")}
-        pending = [it for it in items if (it.sample.id, it.repeat) not in done]
         shard = shards.parse(self.cfg.shard)
-        if shard is None:  # an arm run in shards is finished by its shards, not silently here
-            shards.check_unsharded(store.path, kv.name, [it.sample.id for it in pending])
+        try:
+            sent, view = self._fill_arm(store, fp, task, engine, kv, items, shard)
+        finally:
+            store.close()
+        if shard is not None:  # reached only when this shard's share is all recorded
+            shards.mark_done(store.path, shard, len(items))
+        self.views[kv.name] = view
+        if view.problems:
+            first = view.problems[0]
+            print(f"warning: {len(view.problems)} line(s) of kv={kv.name}'s records set aside, not counted "
+                  f"(first: {first}); `python -m fp8eval.records check {store.path}` lists them",
+                  file=sys.stderr)
+        summary = arm_summary(view.records)
+        summary.update({"records": str(store.path), "fingerprint": fp, "requests_sent": sent,
+                        "n_ignored": view.ignored, "kv_name": kv.name,
+                        "engine": material["engine"].get("kind")})
+        stats = engine.prefill_stats() if sent and hasattr(engine, "prefill_stats") else None
+        if stats:  # this invocation's prefill work, from the engine's own counters
+            summary["engine_prefill"] = stats
+        summary.update(task.summarize(summary, view.records))
+        return summary
+
+    def _fill_arm(self, store: ArmStore, fp: str, task: Task, engine, kv: ArmSpec,
+                  items: list[PlannedItem], shard: tuple[int, int] | None) -> tuple[int, ArmRecords]:
+        """Do every planned (sample, repeat) that has no done record, exactly once across all writers of
+        the arm: claim what is free, re-read (a claim may have been finished and released meanwhile), do
+        it; wait while other live writers hold claims, taking over those of writers that died. A pair
+        that comes back as an error is not retried within this invocation (the next one retries it)."""
+        expected = {(it.sample.id, it.repeat): it.prompt_hash for it in items}
+        attempted: set[tuple[str, int]] = set()
+        sent, waited_since = 0, None
+        while True:
+            finished = store.read(expected).done_keys() | attempted
+            pending = [it for it in items if (it.sample.id, it.repeat) not in finished]
+            if not pending:
+                break
+            if shard is None and not attempted:  # an arm run in shards is finished by its shards
+                shards.check_unsharded(store.path, kv.name, [it.sample.id for it in pending])
+            got = set(store.claim([(it.sample.id, it.repeat) for it in pending]))
+            if got:
+                done = store.read(expected).done_keys()
+                store.release(got & done)
+                todo = got - done
+                mine = [it for it in pending if (it.sample.id, it.repeat) in todo]
+                attempted |= {(it.sample.id, it.repeat) for it in mine}
+                sent += self._do_items(store, fp, task, engine, kv, mine)
+                continue
+            if waited_since is None:
+                waited_since = time.monotonic()
+                print(f"note: {len(pending)} (sample, repeat) pairs of kv={kv.name} are being done by another "
+                      "fp8eval process; waiting for them (a dead process's claims are taken over)",
+                      file=sys.stderr)
+            time.sleep(self.claim_poll_s)
+        return sent, store.read(expected)
+
+    def _do_items(self, store: ArmStore, fp: str, task: Task, engine, kv: ArmSpec,
+                  pending: list[PlannedItem]) -> int:
+        """Record the skipped items and send the rest; returns the number of requests sent."""
         skipped = [it for it in pending if it.prompt is None or it.skip_reason]
-        store.append([self._record(fp, kv, task, it, None, None) for it in skipped])
+        self._write(store, [self._record(fp, kv, task, it, None, None) for it in skipped])
         to_send = [it for it in pending if it.prompt is not None and not it.skip_reason]
 
         # One request per distinct prompt of a sample and run of consecutive missing repeats: they share
@@ -247,9 +318,12 @@ class Runner:
             # still appended together (one write, one fsync) once their scores are in.
             scorer = Scorer(task, auto_workers(task, self.cfg.scoring_workers))
             try:
-                for comp in engine.generate(requests):
+                for comp in send(engine, requests):
                     sent += 1
                     its = by_id[comp.request_id]
+                    if len(comp.choices) != len(its):  # an engine must answer every sequence (or error it)
+                        raise RunError(f"engine returned {len(comp.choices)} choices for request {comp.request_id} "
+                                       f"of {len(its)} sequences; records so far are kept")
                     recs = [self._record(fp, kv, task, it, comp, ch) for it, ch in zip(its, comp.choices)]
                     scorer.submit(recs, [(it.sample, rec.pop("_answer"), it.repeat)
                                          for it, rec in zip(its, recs) if rec["status"] == "ok"])
@@ -260,24 +334,18 @@ class Runner:
             finally:
                 scorer.close()
                 bar.close()
-        if shard is not None:  # reached only when this shard's share is all recorded
-            shards.mark_done(store.path, shard, len(items))
-        records = select(store.records(), set(current))
-        summary = arm_summary(records)
-        summary.update({"records": str(store.path), "fingerprint": fp, "requests_sent": sent,
-                        "kv_name": kv.name, "engine": material["engine"].get("kind")})
-        stats = engine.prefill_stats() if sent and hasattr(engine, "prefill_stats") else None
-        if stats:  # this invocation's prefill work, from the engine's own counters
-            summary["engine_prefill"] = stats
-        summary.update(task.summarize(summary, records))
-        return summary
+            if sent != len(requests):  # an engine that stops early without saying why loses pairs silently
+                raise RunError(f"the engine answered {sent} of {len(requests)} requests for kv={kv.name} and "
+                               "raised no error; records so far are kept, rerun to send the rest")
+        return sent
 
     def _record(self, fp: str, kv: ArmSpec, task: Task, it: PlannedItem, comp, choice) -> dict:
         rec = {
             "schema": RECORD_SCHEMA, "arm": fp, "kv": kv.name, "task": task.name, "task_version": task.version,
             "sample_id": it.sample.id, "repeat": it.repeat,
             "seed": derive_seed(it.sample.id, it.repeat, self.cfg.seed), "groups": list(it.sample.groups),
-            "prompt_hash": it.prompt_hash, "prompt_tokens": it.prompt_tokens, "sampling": self.sampling,
+            "prompt_hash": it.prompt_hash, "prompt_tokens": it.prompt_tokens,
+            "sampling": self.prompt_sampling(it.prompt),
             "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         }
         if choice is None:
@@ -298,12 +366,17 @@ class Runner:
         rec.update(status="ok", score=None, extracted=None, score_details={}, _answer=answer)
         return rec
 
-    @staticmethod
-    def _write_scored(store: ArmStore, recs: list[dict], scores: list) -> int:
+    def _write_scored(self, store: ArmStore, recs: list[dict], scores: list) -> int:
         ok = [r for r in recs if r["status"] == "ok"]
         for rec, score in zip(ok, scores, strict=True):
             rec.update(score=float(score.value), extracted=score.extracted, score_details=score.details)
+        return self._write(store, recs)
+
+    @staticmethod
+    def _write(store: ArmStore, recs: list[dict]) -> int:
+        """Append, then release the claims: a key is never unclaimed before its record is on disk."""
         store.append(recs)
+        store.release([(r["sample_id"], r["repeat"]) for r in recs])
         return len(recs)
 
     # --- the whole run ------------------------------------------------------------------------------------
@@ -311,6 +384,7 @@ class Runner:
         cfg = self.cfg
         check_greedy_repeats(cfg, self.sampling)
         t0 = time.perf_counter()
+        check_task_config(cfg.task)
         arms = self.arms()
         tcls = task_class(cfg.task.name)
         task_cfg = cfg.task if isinstance(cfg.task, tcls.config_class) else OmegaConf.to_object(cfg.task)
@@ -355,9 +429,8 @@ class Runner:
         if cfg.shard is not None:
             summary["shard"] = cfg.shard  # this summary covers only the shard's samples
         if len(arms) == 2:
-            base = select(_read(summaries[arms[0].name]["records"]), {(it.sample.id, it.repeat) for it in items})
-            var = select(_read(summaries[arms[1].name]["records"]), {(it.sample.id, it.repeat) for it in items})
-            summary["recovery"] = paired_recovery(base, var)
+            summary["recovery"] = paired_recovery(self.views[arms[0].name].records,
+                                                  self.views[arms[1].name].records)
             for key in getattr(task, "recovery_keys", ()):  # task metrics that are not a mean (MRCR AUC)
                 b, v = summaries[arms[0].name].get(key), summaries[arms[1].name].get(key)
                 summary["recovery"][key] = 100.0 * v / b if b and v is not None else None
@@ -366,10 +439,6 @@ class Runner:
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n",
                                                    encoding="utf-8")
         return summary
-
-
-def _read(path: str) -> list[dict]:
-    return read_records(Path(path))
 
 
 def format_table(summary: dict) -> str:

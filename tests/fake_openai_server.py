@@ -2,16 +2,32 @@
 
 It answers like vLLM does where the engine looks: /health, /version, /v1/models (with max_model_len),
 /metrics (a `vllm:cache_config_info{...}` line), /tokenize, /v1/chat/completions, /v1/completions.
-Faults are scripted per test: HTTP 500s, slow answers (timeouts), a server stopped mid-run.
+Faults are scripted per test: HTTP 500s, slow answers (timeouts), a server stopped mid-run, and broken
+answers (`faults`, or `fault_fn` for random ones): see FAULTS.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import socket
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def word_tokens(text: str) -> list[str]:
+    """The fake tokenizer: each word with its leading whitespace is one token (BPE-like)."""
+    return re.findall(r"\s*\S+|\s+$", text)
+
+
+def token_id(piece: str) -> int:
+    return 10 + int.from_bytes(piece.encode(), "little") % 9973
+
+
+def echo_logprob(prev: int, tok: int) -> float:
+    """The fake model's log-probability of `tok` after `prev`; its top token is prev + 1."""
+    return -((prev * 7 + tok) % 11) / 4.0 - (0.0 if tok == prev + 1 else 0.5)
 
 
 def answer_for(messages: list[dict], index: int) -> str:
@@ -20,10 +36,15 @@ def answer_for(messages: list[dict], index: int) -> str:
     return " ".join(reversed(last.split())) + f" #{index}"
 
 
+# Broken answers a generation call can get (tests/faults): HTTP 500; a 200 whose body is cut JSON;
+# `choices: []`; one choice fewer than n; a null choice; another model's id; no `choices` key.
+FAULTS = ("500", "malformed", "empty_choices", "short_choices", "null_choice", "other_model", "no_choices")
+
+
 class FakeOpenAIServer:
     def __init__(self, port: int = 0, cache_dtype: str = "auto", skip_layers: str = "[]",
                  model: str = "fake-model", max_model_len: int = 4096, reasoning: bool = False,
-                 version: str = "0.32.0-fake"):
+                 keep_bodies: bool = True, version: str = "0.32.0-fake"):
         self.version = version
         self.cache_dtype = cache_dtype
         self.skip_layers = skip_layers
@@ -34,6 +55,12 @@ class FakeOpenAIServer:
         self.slow_next = 0  # sleep slow_s before answering this many generation calls
         self.slow_s = 0.0
         self.metrics_enabled = True
+        self.faults: list[str] = []  # FAULTS applied to the next generation calls, in order
+        self.fault_fn = None  # (body, attempt) -> a FAULTS name or None; attempt counts calls of that body
+        self.answer_fn = None  # (messages, index, seed) -> answer text; default answer_for
+        self.fault_counts: dict[str, int] = {}
+        self.attempts: dict[str, int] = {}
+        self.keep_bodies = keep_bodies
         self.lock = threading.Lock()
         self.generation_calls = 0
         self.completed: list[str] = []  # request ids (first user message) answered with 200
@@ -124,6 +151,19 @@ class FakeOpenAIServer:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 with server.lock:
                     server.auth_headers.append(self.headers.get("Authorization", ""))
+                if self.path == "/tokenize" and body.get("add_special_tokens") is not None and "prompt" in body:
+                    ids = [token_id(t) for t in word_tokens(body["prompt"])]
+                    ids = ([1] if body["add_special_tokens"] else []) + ids  # BOS id 1
+                    return self._send(200, {"count": len(ids), "max_model_len": server.max_model_len,
+                                            "tokens": ids})
+                if self.path == "/v1/completions" and body.get("echo"):
+                    ids = list(body["prompt"]) + [body["prompt"][-1] + 1]  # the greedy next token
+                    lps = [None] + [echo_logprob(a, b) for a, b in zip(ids, ids[1:])]
+                    tops = [None] + [{str(a + 1): echo_logprob(a, a + 1)} for a in ids[:-1]]
+                    logprobs = {"tokens": [str(t) for t in ids], "token_logprobs": lps, "top_logprobs": tops}
+                    return self._send(200, {"id": "cmpl-echo", "object": "text_completion", "model": server.model,
+                                            "choices": [{"index": 0, "text": str(ids[-1]), "logprobs": logprobs,
+                                                         "finish_reason": "length"}]})
                 if self.path == "/tokenize":
                     if "messages" in body:
                         text = " ".join(m["content"] for m in body["messages"])
@@ -134,9 +174,13 @@ class FakeOpenAIServer:
                                             "tokens": list(range(count))})
                 if self.path not in ("/v1/chat/completions", "/v1/completions"):
                     return self._send(404, {"error": "not found"})
+                key_text = json.dumps(body.get("messages") or body.get("prompt"), sort_keys=True) + str(body.get("seed"))
                 with server.lock:
                     server.generation_calls += 1
-                    server.bodies.append(body)
+                    if server.keep_bodies:
+                        server.bodies.append(body)
+                    attempt = server.attempts[key_text] = server.attempts.get(key_text, 0) + 1
+                    fault = server.faults.pop(0) if server.faults else None
                     fail = server.fail_next > 0
                     if fail:
                         server.fail_next -= 1
@@ -146,7 +190,12 @@ class FakeOpenAIServer:
                 last = (body.get("messages") or [{"content": body.get("prompt", "")}])[-1]["content"]
                 if "REJECT" in last:
                     return self._send(400, {"error": {"message": "prompt too long", "type": "BadRequestError"}})
-                if fail:
+                if fault is None and server.fault_fn is not None:
+                    fault = server.fault_fn(body, attempt)
+                if fault is not None:
+                    with server.lock:
+                        server.fault_counts[fault] = server.fault_counts.get(fault, 0) + 1
+                if fail or fault == "500":
                     return self._send(500, {"error": {"message": "scripted failure", "type": "InternalServerError"}})
                 if slow:
                     time.sleep(server.slow_s)
@@ -155,7 +204,8 @@ class FakeOpenAIServer:
                     messages = body["messages"]
                     choices = []
                     for i in range(n):
-                        text = answer_for(messages, i)
+                        text = (server.answer_fn(messages, i, body.get("seed")) if server.answer_fn
+                                else answer_for(messages, i))
                         message = {"role": "assistant", "content": text}
                         if server.reasoning:
                             message["reasoning_content"] = f"thinking about choice {i}"
@@ -169,14 +219,28 @@ class FakeOpenAIServer:
                     prompt_tokens = len(body["prompt"].split())
                     key = body["prompt"]
                 out_tokens = sum(len(c.get("message", c).get("content", c.get("text", "")).split()) for c in choices)
-                with server.lock:
-                    server.completed.append(key)
-                return self._send(200, {
+                answer = {
                     "id": "cmpl-fake", "object": "chat.completion", "created": int(time.time()),
                     "model": server.model, "choices": choices,
                     "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": out_tokens,
                               "total_tokens": prompt_tokens + out_tokens,
                               "prompt_tokens_details": {"cached_tokens": 0}},
-                })
+                }
+                if fault == "malformed":
+                    return self._send(200, json.dumps(answer)[:40])
+                if fault == "empty_choices":
+                    answer["choices"] = []
+                elif fault == "short_choices":
+                    answer["choices"] = choices[:-1]
+                elif fault == "null_choice":
+                    answer["choices"] = [None, *choices[1:]]
+                elif fault == "other_model":
+                    answer["model"] = "some-other-model"
+                elif fault == "no_choices":
+                    del answer["choices"]
+                else:
+                    with server.lock:
+                        server.completed.append(key)
+                return self._send(200, answer)
 
         return Handler

@@ -17,8 +17,8 @@ import uuid
 
 import pytest
 
-from fp8eval import sandbox
-from fp8eval.sandbox import compare_functional, compare_stdout, run_tests, run_tests_detailed
+from fp8eval.scoring.sandbox import compare_functional, compare_stdout, run_tests, run_tests_detailed
+from fp8eval.scoring.sandbox import harness as sandbox
 
 OK = [{"input": "", "output": "ok"}]
 T = 2.0  # per-test timeout for the hostile programs: the suite stays well under a minute on 2 cores
@@ -137,7 +137,7 @@ def _sandbox_processes() -> list[int]:
             continue
         uid = int(next(line for line in status.splitlines() if line.startswith("Uid:")).split()[1])
         zombie = "\nState:\tZ" in status
-        ours = b"fp8eval/sandbox.py" in cmd or (
+        ours = b"fp8eval/scoring/sandbox/child.py" in cmd or (
             os.getuid() == 0 and sandbox.ROOT_UID_BASE <= uid < sandbox.ROOT_UID_BASE + 64
         )
         if ours and not zombie:
@@ -188,12 +188,14 @@ def _check(code: str, expect_status: set[str], timeout_s: float = T, **kw):
     return v
 
 
+# The hostile programs call posix.* (the module behind os): the official runner's guard, which the sandbox
+# applies too, sets os.fork, os.kill, os.remove, ... to None, and an attacker would go around it like this.
 def test_fork_bomb(mode):
     code = prog("""
-        import os
+        import posix
         while True:
             try:
-                os.fork()
+                posix.fork()
             except OSError:
                 pass
     """)
@@ -227,10 +229,10 @@ def test_huge_output(mode):
 
 def test_daemon_escaping_the_process_group_is_reaped(mode):
     code = prog("""
-        import os, time
-        if os.fork() == 0:
+        import os, posix, time
+        if posix.fork() == 0:
             os.setsid()
-            if os.fork() == 0:
+            if posix.fork() == 0:
                 time.sleep(300)
             os._exit(0)
         print('not ok')
@@ -337,18 +339,18 @@ def test_network_socket(mode):
 
 def test_killing_the_parent_and_others(mode, sentinel):
     code = prog(f"""
-        import os, signal
+        import os, posix, signal
         killed = False
         for pid in ({sentinel.pid}, os.getppid()):
             try:
                 if pid > 1:
-                    os.kill(pid, signal.SIGKILL)
+                    posix.kill(pid, signal.SIGKILL)
                     killed = True
             except OSError:
                 pass
         if killed:
             print('ok')
-        os.kill(-1, signal.SIGKILL)  # everything this program may signal
+        posix.kill(-1, signal.SIGKILL)  # everything this program may signal
     """)
     _check(code, {"wrong_answer", "runtime_error"})
     time.sleep(0.2)
@@ -365,13 +367,13 @@ def test_deleting_files(mode, outside_tmp):
     victim.write_text("precious")
     os.chmod(victim_dir, 0o755)
     code = prog(f"""
-        import os, shutil
+        import os, posix
         seen = os.path.exists({str(victim)!r})  # a hidden file (private /tmp) cannot be deleted either
-        try:
-            os.remove({str(victim)!r})
-        except OSError:
-            pass
-        shutil.rmtree({str(victim_dir)!r}, ignore_errors=True)
+        for remove, path in ((posix.remove, {str(victim)!r}), (posix.rmdir, {str(victim_dir)!r})):
+            try:
+                remove(path)
+            except OSError:
+                pass
         if seen and not os.path.exists({str(victim)!r}):
             print('ok')
     """)
@@ -383,7 +385,7 @@ def test_harness_records_every_verdict_in_one_batch(mode):
     """Hostile programs back to back, then an honest one: every verdict is recorded, the last passes."""
     hostile = [
         "while True:\n    pass\n",
-        "import os\nos.kill(os.getppid(), 9)\n",
+        "import os, posix\nposix.kill(os.getppid(), 9)\n",
         "import sys\nsys.stdout.write('x' * (1 << 22))\n",
     ]
     verdicts = [run_tests_detailed(c, OK, "stdin", timeout_s=1.0, output_limit=1 << 20)[0] for c in hostile]
@@ -407,10 +409,10 @@ def test_non_root_harness(tmp_path):
     script = prog(f"""
         import sys, os
         sys.path.insert(0, {repo!r})
-        from fp8eval.sandbox import run_tests_detailed
+        from fp8eval.scoring.sandbox import run_tests_detailed
         ok = [{{"input": "", "output": "ok"}}]
         r1 = run_tests_detailed("print('ok')", ok, "stdin")[0]
-        r2 = run_tests_detailed("import os\\nwhile True:\\n    try: os.fork()\\n    except OSError: pass",
+        r2 = run_tests_detailed("import posix\\nwhile True:\\n    try: posix.fork()\\n    except OSError: pass",
                                 ok, "stdin", timeout_s=1.0)[0]
         r3 = run_tests_detailed("import socket\\nsocket.create_connection(('127.0.0.1', 1), timeout=1)\\nprint('ok')",
                                 ok, "stdin")[0]

@@ -14,6 +14,8 @@ from fp8eval.tasks import REGISTRY, task_class
 OFFLINE = {
     "gpqa_diamond": [f"task.data_files=[{REPO / 'tests/data/gpqa_invented.csv'}]"],
     "livecodebench": [f"task.data_files=[{SHARED_DATA / 'livecodebench/v6_2025-02-01_to_2025-05-01.jsonl'}]"],
+    "lm_eval": [f"task.include_path={REPO / 'tests/data/lm_eval'}", "task.tasks=[fp8eval_colours]",
+                "task.offline=true"],
     "mrcr": ["task.synthetic=true"],
     "niah": ["task.lengths=[1024]", "task.depths=[0,100]"],
     "niah_128k": ["task.lengths=[1024]", "task.depths=[0,100]"],

@@ -252,7 +252,8 @@ def lcb_jsonl(tmp_path):
 
 def test_extract_code_last_fenced_block():
     assert extract_code("```python\na=1\n```\ntext\n```\nb=2\n```") == "b=2"
-    assert extract_code("```python\na=1\n```\n```python\nb=2") == "a=1"  # cut-off last block
+    # a cut-off last block: officially the lines between the last two fence lines (here none)
+    assert extract_code("```python\na=1\n```\n```python\nb=2") == ""
     assert extract_code("no code") is None
     assert extract_code("```py\nx\n```") == "x"
 

@@ -23,13 +23,21 @@ class Prompt:
     # For models without a chat template the engine renders messages as plain text itself; a task
     # sets prompt_text only when it needs a specific raw prompt.
     prompt_text: str | None = None
+    # A scoring prompt (lm-eval's loglikelihood / multiple choice): (context, continuation) pairs whose
+    # log-probabilities the engine returns instead of generating (Request.logprob_pairs).
+    logprob_pairs: tuple[tuple[str, str], ...] = ()
+    # Sampling this prompt needs (e.g. an lm-eval task's `until` stops and max_gen_toks): over the model's and
+    # the task config's sampling, under the user's top-level sampling overrides (Runner.prompt_sampling).
+    sampling: dict[str, Any] | None = None
 
     def hash(self) -> str:
-        payload = json.dumps(
-            {"messages": list(self.messages), "prompt_text": self.prompt_text},
-            sort_keys=True,
-            ensure_ascii=False,
-        )
+        body: dict[str, Any] = {"messages": list(self.messages), "prompt_text": self.prompt_text}
+        # Only when set, so the hashes (and records) of every existing prompt stay what they were.
+        if self.logprob_pairs:
+            body["logprob_pairs"] = [list(p) for p in self.logprob_pairs]
+        if self.sampling:
+            body["sampling"] = self.sampling
+        payload = json.dumps(body, sort_keys=True, ensure_ascii=False)
         return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
@@ -50,6 +58,11 @@ class Request:
     chat_template_kwargs: dict = field(default_factory=dict)
     # Set for models without a chat template: the raw text to complete, messages are then ignored.
     prompt_text: str | None = None
+    # Non-empty: a scoring request, sent to the optional `engine.loglikelihood()` instead of `generate()`.
+    # For each (context, continuation) of raw text the engine returns the summed log-probability of the
+    # continuation's tokens given the context and whether greedy decoding would emit exactly them
+    # (lm-eval's loglikelihood request); messages, prompt_text and sampling are then ignored.
+    logprob_pairs: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass

@@ -37,14 +37,33 @@ def resolve_kind(cfg: RunConfig) -> str:
         return kind
     import importlib.util
 
-    if cfg.model.embedded_package or importlib.util.find_spec("vllm") is None:
+    if cfg.model.embedded_package:
         return "reference"
-    try:
-        import torch
+    gpu, why = False, "vLLM is not installed"
+    if importlib.util.find_spec("vllm") is not None:
+        try:
+            import torch
 
-        return "vllm" if torch.cuda.is_available() else "reference"
-    except ImportError:
+            gpu, why = torch.cuda.is_available(), "no CUDA GPU is visible"
+        except ImportError:
+            why = "torch is not installed"
+    if gpu:
+        return "vllm"
+    if _is_local_dir(cfg.model.hf_id):
         return "reference"
+    # A hub model (the 8B-1T models of conf/model/) on a machine that cannot run vLLM: the reference engine
+    # would download and run it on the CPU for hours. Say so at once instead.
+    raise EngineError(
+        f"model={cfg.model.name} ({cfg.model.hf_id}) needs vLLM on a GPU, and here {why}. Use engine=vllm on a "
+        "GPU machine, or engine=server with engine.base_url=http://HOST:PORT to evaluate a running "
+        "OpenAI-compatible vLLM server; engine=reference runs it on this CPU only if asked for explicitly "
+        "(practical for the embedded models: model=smollm2-135m, model=gemma3-270m).")
+
+
+def _is_local_dir(path: str) -> bool:
+    from pathlib import Path
+
+    return Path(str(path)).expanduser().is_dir()
 
 
 def build_engine(cfg: RunConfig, arm: ArmSpec | KVConfig, shared: dict | None = None) -> Engine:

@@ -7,10 +7,22 @@ they arrive and a crash loses only the requests in flight.
 
 from __future__ import annotations
 
+import json
 from typing import Any, Iterable, Iterator, Protocol, runtime_checkable
 
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.types import Choice, Completion, Request  # noqa: F401 - the engine API's types
+
+
+def encode_loglikelihoods(pairs: list[tuple[float, bool]]) -> str:
+    """The text of a scoring request's Choice: JSON [[logprob, is_greedy], ...], one per logprob pair, so the
+    records keep it as the completion and a task's pure score() reads it back (decode_loglikelihoods)."""
+    return json.dumps([[float(lp), bool(g)] for lp, g in pairs])
+
+
+def decode_loglikelihoods(text: str) -> list[tuple[float, bool]]:
+    """The inverse of encode_loglikelihoods."""
+    return [(float(lp), bool(g)) for lp, g in json.loads(text)]
 
 
 class EngineError(Fp8evalError):
@@ -39,3 +51,8 @@ class Engine(Protocol):
 
     def close(self) -> None:
         """Release everything (processes, GPU memory). Safe to call twice."""
+
+    # Optional (engines without it refuse scoring requests, see fp8eval.engines.loglikelihood):
+    # def loglikelihood(self, requests: Iterable[Request]) -> Iterator[Completion]:
+    #     """For requests with logprob_pairs: one Completion per request, n identical Choices whose text is
+    #     encode_loglikelihoods([(logprob, is_greedy) per pair]), finish_reason "stop", output_tokens 0."""

@@ -132,6 +132,23 @@ class FakeEngine:
             yield Completion(request_id=req.id, choices=choices, prompt_tokens=self.count_prompt_tokens(req),
                              cached_prompt_tokens=0)
 
+    def loglikelihood(self, requests: Iterable[Request]) -> Iterator[Completion]:
+        """Scoring requests: a `module:function` script that returns a list of (logprob, is_greedy) answers
+        them; otherwise each pair gets a deterministic logprob in (-10, 0] from its text. The fp8 error
+        rate, where set, draws a fresh logprob for every pair of the affected requests."""
+        from fp8eval.engines.loglikelihood import completion
+
+        for req in requests:
+            self.sent += 1
+            scripted = self._fn(req, 0)
+            if isinstance(scripted, (list, tuple)):
+                pairs = [(float(lp), bool(g)) for lp, g in scripted]
+            else:
+                pairs = [(-10.0 * _unit(0, f"{c}\x00{x}"), False) for c, x in req.logprob_pairs]
+            if self.error_rate and _unit(req.seeds[0], req.id) < self.error_rate:
+                pairs = [(-10.0 * _unit(1, f"{req.id}:{j}"), False) for j in range(len(pairs))]
+            yield completion(req, pairs, self.count_prompt_tokens(req))
+
     def close(self) -> None:
         pass
 

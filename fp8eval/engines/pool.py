@@ -26,7 +26,16 @@ from typing import Any
 from fp8eval.engines import async_bridge
 from fp8eval.engines import vllm_common as vc
 from fp8eval.engines.base import Completion, EngineError, Request
-from fp8eval.engines.server import ServerEngine, _short
+from fp8eval.engines.server import ServerEngine
+from fp8eval.engines.server.answers import BadAnswer
+from fp8eval.engines.server.client import (
+    REQUEST_ERROR_STATUS,
+    HTTPStatusError,
+    Unreachable,
+    final_answer,
+    retryable_status,
+)
+from fp8eval.engines.server.client import short_error as _short
 
 # Preflight fields every replica must share (cache_config is compared label by label).
 IDENTITY_KEYS = ("server_version", "served_model", "model_root", "max_model_len", "attention_backend")
@@ -186,6 +195,11 @@ class PoolEngine:
                 total[k] = total.get(k, 0.0) + v
         return total
 
+    def loglikelihood(self, requests: Iterable[Request]) -> Iterator[Completion]:
+        """Scoring requests on one live replica: the replicas agree on everything that can change a number,
+        and a scoring request is one prefill, so spreading them buys little."""
+        return self._live()[0].engine.loglikelihood(requests)
+
     def generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
         # Counters only when no replica was dropped during the call: a dead replica's work is lost.
         before = self._counters() if self._prefill is not None else None
@@ -224,7 +238,9 @@ class PoolEngine:
         try:
             while (pending or tasks or waiting[0]) and not stop.is_set():
                 live = self._live()
-                while pending:
+                # Backpressure: no new request while the runner has that many answers it has not written
+                # (a crash then loses about what is in flight, not a backlog).
+                while pending and out.qsize() < self.concurrency * max(1, len(live)):
                     free = [r for r in live if r.in_flight < self.concurrency]
                     if not free:
                         break
@@ -251,27 +267,30 @@ class PoolEngine:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
             for client in clients.values():
-                await client.close()
+                await client.aclose()
 
     async def _handle_failure(self, rep: Replica, req: Request, attempt: int, exc: BaseException,
                               out: queue.Queue, requeue_later, pending: deque) -> None:
-        import openai
-
-        if isinstance(exc, openai.APIConnectionError):  # refused, reset, or timed out
+        # The outcomes of one checked attempt (fp8eval.engines.server.client.Endpoint.attempt).
+        if isinstance(exc, Unreachable):  # refused, reset, or timed out
             if not rep.alive or not await asyncio.to_thread(rep.engine._healthy):
-                self._drop(rep, f"{type(exc).__name__}: {_short(exc)}; /health does not answer")
+                self._drop(rep, f"{_short(exc)}; /health does not answer")
                 pending.appendleft((req, attempt))  # not the request's fault: no attempt counted
                 return
-        elif isinstance(exc, openai.APIStatusError) and exc.status_code in (400, 413, 422):
+        elif isinstance(exc, HTTPStatusError) and exc.status_code in REQUEST_ERROR_STATUS:
             # This request alone is bad (e.g. too long for the server): an error record, the rest go on.
-            out.put(("completion", rep.engine._error_completion(req, f"HTTP {exc.status_code}: {_short(exc)}")))
+            out.put(("completion", rep.engine._error_completion(req, f"HTTP {exc.status_code}: {exc.text}")))
             return
-        elif isinstance(exc, openai.APIStatusError) and exc.status_code < 500 and exc.status_code != 429:
+        elif isinstance(exc, HTTPStatusError) and not retryable_status(exc.status_code):
             raise EngineError(
                 f"Replica {rep.index} ({rep.url}) refused request {req.id} with HTTP {exc.status_code} "
-                f"({_short(exc)}); stopping (this would fail every request). Records so far are kept.") from None
-        elif not isinstance(exc, openai.APIStatusError):
-            raise exc
+                f"({exc.text}); stopping (this would fail every request). Records so far are kept.") from None
+        elif isinstance(exc, BadAnswer):  # malformed or short: retried; at the end, kept as error records
+            if attempt >= self.max_retries:
+                out.put(("completion", final_answer(req, exc, attempt + 1)))
+                return
+        elif not isinstance(exc, HTTPStatusError):
+            raise exc  # WrongModel and anything unexpected stop the run
         if attempt >= self.max_retries:
             raise EngineError(
                 f"Request {req.id} failed {attempt + 1} times on the replicas of arm {self.kv.name} (last: "

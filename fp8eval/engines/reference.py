@@ -12,6 +12,7 @@ from importlib import metadata
 from typing import Iterable, Iterator
 
 from fp8eval.config import ACCUMULATION_MODES, ATTENTION_MODES, KV_EMULATION_DEFAULTS, KVConfig, RunConfig
+from fp8eval.core.hub import known_offline_reason
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
 from fp8eval.engines.prompting import plain_prompt_text
 
@@ -140,6 +141,9 @@ class ReferenceEngine:
 
     def _unavailable(self, e: Exception) -> str:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        offline = known_offline_reason()
+        if offline:
+            first += f"; the model hub is not reachable here: {offline}"
         return (f"The reference engine could not load {self.cfg.model.hf_id!r} ({first}). Without access to "
                 f"the model hub, download the weights elsewhere and point model.hf_id at that directory; on a GPU "
                 f"box with vLLM installed, use engine=vllm (or engine=server). The embedded models "
@@ -208,10 +212,14 @@ class ReferenceEngine:
 
     # --- generation ---------------------------------------------------------------------------------
     def generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
+        return self._each(requests, self._generate_one)
+
+    def _each(self, requests: Iterable[Request], one) -> Iterator[Completion]:
+        """One request at a time, under this arm's KV policy (the model is shared between arms)."""
         self._load()
         self._shared["active_policy"] = self._policy
         for req in requests:
-            yield self._generate_one(req)
+            yield one(req)
 
     def _generate_one(self, req: Request) -> Completion:
         import torch
@@ -275,6 +283,54 @@ class ReferenceEngine:
         # No cache across requests (cached 0); the n samples share this one prefill of len(ids) tokens.
         return Completion(request_id=req.id, choices=choices, prompt_tokens=len(ids), cached_prompt_tokens=0,
                           latency_s=time.perf_counter() - t0, extra={"computed_prompt_tokens": len(ids)})
+
+    # --- scoring (lm-eval loglikelihood) ---------------------------------------------------------------
+    def loglikelihood(self, requests: Iterable[Request]) -> Iterator[Completion]:
+        """Scoring requests (fp8eval.engines.loglikelihood): one forward per (context, continuation), with the
+        arm's KV policy, so the FP8 arm's context is read back from the quantized cache as in generation."""
+        return self._each(requests, self._score_one)
+
+    def _score_one(self, req: Request) -> Completion:
+        import torch
+
+        from fp8eval.engines import loglikelihood as ll
+
+        t0 = time.perf_counter()
+        tok = self.tokenizer()
+
+        def encode(text: str) -> list[int]:
+            return tok(text, add_special_tokens=False)["input_ids"]
+
+        bos = ll.prefix_token_id(tok)
+        encoded = [ll.encode_pair(encode, c, x, bos) for c, x in req.logprob_pairs]
+        encoded = [(ctx or [bos], cont) for ctx, cont in encoded]
+        ll.check_fits(req, (len(a) + len(b) for a, b in encoded), self.max_model_len())
+        device = self._device_name()
+        chunk = max(1, int(self.cfg.engine.prefill_chunk))
+        pairs = []
+        with torch.inference_mode():
+            from transformers import DynamicCache
+
+            for ctx, cont in encoded:
+                if not cont:  # an empty continuation has probability 1, as in lm-eval
+                    pairs.append((0.0, True))
+                    continue
+                ids = torch.tensor([ctx + cont], device=device)
+                cache = DynamicCache(config=self._model.config)
+                head = len(ctx) - 1  # tokens whose logits are not needed
+                for start in range(0, head, chunk):
+                    self._model(input_ids=ids[:, start:min(start + chunk, head)], past_key_values=cache,
+                                use_cache=True, logits_to_keep=1)
+                # The logits at the last context token and at each continuation token but the last.
+                logits = self._model(input_ids=ids[:, head:-1], past_key_values=cache, use_cache=True).logits[0]
+                logp = torch.log_softmax(logits.float(), dim=-1)
+                target = torch.tensor(cont, device=logp.device)
+                total = float(logp.gather(1, target.view(-1, 1)).sum())
+                greedy = bool((logp.argmax(dim=-1) == target).all())
+                pairs.append((total, greedy))
+                self.computed_prefill_tokens += len(ctx) + len(cont) - 1
+        prompt_tokens = sum(len(a) + len(b) for a, b in encoded)
+        return ll.completion(req, pairs, prompt_tokens, time.perf_counter() - t0)
 
     def close(self) -> None:
         self._model = None

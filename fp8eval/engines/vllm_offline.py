@@ -20,7 +20,7 @@ import time
 import traceback
 from typing import Any, Iterable, Iterator
 
-from fp8eval.engines import attention
+from fp8eval.engines import attention, vllm_scoring
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
 from fp8eval.engines.prompting import plain_prompt_text
 from fp8eval.engines.vllm import args as vargs
@@ -232,6 +232,10 @@ class VLLMOfflineEngine:
                     raise EngineError(f"vLLM failed while generating: {detail}. {logscan.known_failure_hint(cause, self.args.get('kv_cache_dtype'))}"
                                       f"Log: {self.log_path}. Records written so far are kept; rerun to resume.")
 
+    def loglikelihood(self, requests: Iterable[Request]) -> Iterator[Completion]:
+        """Scoring requests: prompt_logprobs in the worker (fp8eval.engines.vllm_scoring)."""
+        return vllm_scoring.offline_loglikelihood(self, requests, _request_json, _completion_from_json)
+
     def close(self) -> None:
         child, self._child = self._child, None
         if child is None:
@@ -255,7 +259,7 @@ class VLLMOfflineEngine:
 def _request_json(r: Request) -> dict:
     return {"id": r.id, "messages": list(r.messages), "n": r.n, "seeds": list(r.seeds),
             "sampling": dict(r.sampling), "chat_template_kwargs": dict(r.chat_template_kwargs or {}),
-            "prompt_text": r.prompt_text}
+            "prompt_text": r.prompt_text, "logprob_pairs": [list(p) for p in r.logprob_pairs]}
 
 
 def _completion_from_json(d: dict) -> Completion:
@@ -479,6 +483,8 @@ def _worker_main() -> int:
             elif op == "run":
                 batch, queue = queue, []
                 worker.run(batch)
+            elif op == "score":
+                worker.send(vllm_scoring.worker_reply(worker, msg))
             elif op == "close":
                 break
         except Exception as e:  # noqa: BLE001

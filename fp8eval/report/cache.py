@@ -20,7 +20,9 @@ import shutil
 import time
 from importlib import metadata
 from pathlib import Path
+
 from fp8eval.core.paths import cache_root
+from fp8eval.records.reader import arm_files
 from fp8eval.report.load import ReportInputError, _resolve_records_path
 
 OUTPUTS = ("recovery.csv", "flips.csv", "arms.csv", "report.md", "index.html", "verdicts.json", "worth.json",
@@ -67,7 +69,9 @@ def report_key(run_dirs: list[Path], settings: dict) -> str | None:
                 for key in _VOLATILE_ARM:
                     arm.pop(key, None)
                 path = _resolve_records_path(str(arm["records"]), run_dir, {})
-                files.append([str(arm["records"]), hashlib.sha256(path.read_bytes()).hexdigest()])
+                for i, part in enumerate(arm_files(path)):  # the primary file, then concurrent writers' segments
+                    files.append([str(arm["records"]) if i == 0 else part.name,
+                                  hashlib.sha256(part.read_bytes()).hexdigest()])
             runs.append({"config": config, "summary": summary, "records": files})
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ReportInputError):
         return None

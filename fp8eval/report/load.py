@@ -14,7 +14,8 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from fp8eval.metrics.select import one_per_key
+from fp8eval.records.codec import FileScan
+from fp8eval.records.reader import arm_files, select_arm
 
 
 class ReportInputError(RuntimeError):
@@ -38,7 +39,7 @@ class Arm:
     summary: dict  # this arm's entry of summary.json (auc, auc_1m, ... task extras)
     run_dirs: list[Path] = field(default_factory=list)
     label: str = ""  # display name; the kv name unless two arms share it
-    n_duplicates: int = 0  # lines replaced by a later line of the same (sample, repeat) (metrics.select)
+    n_duplicates: int = 0  # lines that do not count (fp8eval.records.reader: duplicates, foreign, corrupt)
 
     @property
     def task_versions(self) -> set[str]:
@@ -110,22 +111,6 @@ def _resolve_records_path(raw: str, run_dir: Path, config: dict) -> Path:
         f" {config.get('records_dir')!r})")
 
 
-def read_records_with_lines(path: Path) -> list[Record]:
-    """Complete JSONL lines with their line numbers; a torn last line (killed run) is skipped, as the
-    records store does."""
-    out: list[Record] = []
-    with open(path, "r", encoding="utf-8") as f:
-        for i, line in enumerate(f, start=1):
-            if not line.endswith("\n"):
-                break
-            if line.strip():
-                try:
-                    out.append(Record(json.loads(line), i))
-                except json.JSONDecodeError as e:
-                    raise ReportInputError(f"{path}:{i}: not JSON ({e})") from None
-    return out
-
-
 def _name(section: Any, what: str, run_dir: Path) -> str:
     if isinstance(section, dict) and section.get("name"):
         return str(section["name"])
@@ -176,22 +161,15 @@ def load_run(run_dir: Path, arm_cache: dict[str, Arm]) -> Run:
 
 def _load_arm(model: str, task: str, kv: str, fp: str, path: Path, arm_summary: dict,
               run_dir: Path) -> Arm:
-    raw = read_records_with_lines(path)
-    # The store is one file per fingerprint; a record of another arm here means a corrupted store.
-    foreign = [r for r in raw if r.data.get("arm") not in (None, fp)]
-    if foreign:
-        r = foreign[0]
-        raise ReportInputError(
-            f"{path}:{r.line}: record of arm {str(r.data.get('arm'))[:12]} in the file of arm {fp[:12]}")
-    wrong = [r for r in raw if r.data.get("task") not in (None, task) or r.data.get("kv") not in (None, kv)]
-    if wrong:
-        r = wrong[0]
-        raise ReportInputError(
-            f"{path}:{r.line}: record says task={r.data.get('task')!r} kv={r.data.get('kv')!r},"
-            f" the run says task={task!r} kv={kv!r}")
-    # One record per (sample, repeat) by the rule summary.json uses (metrics.select).
-    records, dups = one_per_key(raw, lambda r: r.data)
-    return Arm(model, task, kv, fp, path, records, arm_summary, [run_dir], kv, dups)
+    """The arm's records as the runner counts them (fp8eval.records.read_arm: one per (sample, repeat),
+    the last done one; foreign, corrupt and duplicate lines set aside and counted in `n_duplicates`)."""
+    scans = [FileScan(p) for p in arm_files(path)]
+    for scan in scans:
+        scan.advance()
+    lines = {id(rec): line for scan in scans for line, rec in scan.records}
+    view = select_arm(scans, fp if len(fp) == 64 else None, task)
+    records = [Record(rec, lines[id(rec)]) for rec in view.records]
+    return Arm(model, task, kv, fp, path, records, arm_summary, [run_dir], kv, sum(view.ignored.values()))
 
 
 def load_runs(paths: list[Path]) -> tuple[list[Run], list[Arm]]:

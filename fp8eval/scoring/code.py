@@ -1,33 +1,26 @@
-"""Code scoring (LiveCodeBench): the last fenced code block, the hub's compressed private tests, and
-pass@1 = every test passes in the sandbox (`fp8eval.sandbox`)."""
+"""Code scoring (LiveCodeBench): the code block as the official extraction finds it, the hub's compressed
+private tests, and pass@1 = every test passes in the sandbox (`fp8eval.scoring.sandbox`)."""
 
 from __future__ import annotations
 
 import base64
 import json
 import pickle
-import re
 import zlib
 
+from fp8eval.scoring.sandbox import run_tests_detailed
 from fp8eval.tasks.base import Score
-from fp8eval.sandbox import run_tests_detailed
-
-_FENCE = re.compile(r"^[ \t]*```[ \t]*([\w+#.-]*)[^\n]*$", re.MULTILINE)
 
 
 def extract_code(text: str) -> str | None:
-    """Body of the last *closed* ``` fenced block (any language tag); None when there is none. Fences
-    are paired in order, so an unclosed final fence (a cut-off completion) never pairs with an earlier
-    closing fence."""
-    blocks = []
-    opening = None
-    for m in _FENCE.finditer(text or ""):
-        if opening is None:
-            opening = m
-        else:
-            blocks.append(text[opening.end():m.start()].strip("\n"))
-            opening = None
-    return blocks[-1] if blocks else None
+    """The official LiveCodeBench extraction: the lines between the last two lines that contain ``` anywhere
+    (a fence opened after prose on the same line counts; after a closed block, an unclosed last fence pairs
+    with that block's closing line). None when fewer than two such lines (officially "", which fails)."""
+    lines = (text or "").split("\n")
+    fences = [i for i, line in enumerate(lines) if "```" in line]
+    if len(fences) < 2:
+        return None
+    return "\n".join(lines[fences[-2] + 1:fences[-1]])
 
 
 class _JsonStringOnly(pickle.Unpickler):
@@ -67,5 +60,6 @@ def score_code(answer_text: str, tests: list[dict], testtype: str, func_name: st
     first_fail = next((v for v in verdicts if not v.passed), None)
     details = {"n_tests": len(tests), "statuses": statuses}
     if first_fail is not None:
-        details["first_failure"] = {"status": first_fail.status, "stderr_tail": first_fail.stderr_tail[-500:]}
+        details["first_failure"] = {"status": first_fail.status, "exit_code": first_fail.exit_code,
+                                    "stderr_tail": first_fail.stderr_tail[-500:]}
     return Score(float(passed), code, details)

@@ -19,6 +19,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from fp8eval.core.procs import scoring_worker_init
 from fp8eval.tasks.base import Sample, Score, Task
 
 # The task the forked workers score with (set before the pool forks; workers never change it).
@@ -73,7 +74,9 @@ class Scorer:
         if self._pool is None:
             global _TASK
             _TASK = self.task
-            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"))
+            # Workers die with the runner on any signal, SIGKILL included (fp8eval.core.procs).
+            self._pool = ProcessPoolExecutor(self.workers, mp_context=multiprocessing.get_context("fork"),
+                                             initializer=scoring_worker_init, initargs=(os.getpid(),))
         return self._pool
 
     def submit(self, key: Any, items: list[tuple[Sample, str, int]]) -> None:

@@ -16,6 +16,7 @@ REGISTRY: dict[str, str] = {
     "gpqa_diamond": "fp8eval.tasks.gpqa:GpqaTask",
     "livecodebench": "fp8eval.tasks.livecodebench:LiveCodeBenchTask",
     "mrcr": "fp8eval.tasks.mrcr:MrcrTask",
+    "lm_eval": "fp8eval.tasks.lm_eval:LmEvalTask",
 }
 
 

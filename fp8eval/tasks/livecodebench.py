@@ -1,4 +1,4 @@
-"""LiveCodeBench code generation (release_v6 by default, problems dated [start_date, end_date)).
+"""LiveCodeBench code generation (release_v6 by default, problems dated start_date to end_date, both included).
 
 Hub: the jsonl files of `livecodebench/code_generation_lite` are downloaded directly (the dataset's
 loading script is not run: recent `datasets` no longer run scripts). release_vN is test.jsonl plus
@@ -23,7 +23,8 @@ class LiveCodeBenchConfig(TaskConfig):
     dataset: str = "livecodebench/code_generation_lite"
     version_tag: str = "release_v6"
     revision: Optional[str] = None
-    # The model cards' "v6 (25.02-25.05)": contest_date in [start_date, end_date).
+    # The model cards' "v6 (25.02-25.05)". As the official filter (lcb_runner load_code_generation_dataset):
+    # start_date <= contest_date <= end_date, the dates read as midnight.
     start_date: Optional[str] = "2025-02-01"
     end_date: Optional[str] = "2025-05-01"
     timeout_s: float = 6.0  # per test, as the official runner
@@ -34,9 +35,27 @@ def release_files(version_tag: str) -> list[str]:
     return ["test.jsonl"] + [f"test{i}.jsonl" for i in range(2, n + 1)]
 
 
+def in_window(contest_date, start: str | None, end: str | None) -> bool:
+    """The official date filter: start <= contest_date <= end, with start and end at midnight (a contest at
+    00:00 on the end date is in, one later that day is out, exactly as lcb_runner compares datetimes)."""
+    from datetime import datetime
+
+    text = str(contest_date or "")
+    try:
+        when = datetime.fromisoformat(text).replace(tzinfo=None)
+    except ValueError:
+        when = datetime.strptime(text[:10], "%Y-%m-%d") if len(text) >= 10 else None
+    if when is None:
+        return start is None and end is None
+    if start and when < datetime.strptime(start, "%Y-%m-%d"):
+        return False
+    return not (end and when > datetime.strptime(end, "%Y-%m-%d"))
+
+
 class LiveCodeBenchTask(Task):
     name = "livecodebench"
-    version = "1"
+    # 2: verdicts as the official evaluator gives them (docs/sandbox.md) and the end date included.
+    version = "2"
     config_class = LiveCodeBenchConfig
     prompt_varies_by_repeat = False
 
@@ -58,8 +77,7 @@ class LiveCodeBenchTask(Task):
         out = []
         self._public_only = False
         for row in self._rows():
-            date = str(row.get("contest_date", ""))[:10]
-            if (cfg.start_date and date < cfg.start_date) or (cfg.end_date and date >= cfg.end_date):
+            if not in_window(row.get("contest_date"), cfg.start_date, cfg.end_date):
                 continue
             public = decode_tests(row.get("public_test_cases"))
             private = decode_tests(row.get("private_test_cases"))
@@ -83,7 +101,7 @@ class LiveCodeBenchTask(Task):
                 groups=(f"difficulty={row.get('difficulty')}", f"platform={row.get('platform')}"),
             ))
         if not out:
-            raise ValueError(f"livecodebench: no problems dated [{cfg.start_date}, {cfg.end_date})")
+            raise ValueError(f"livecodebench: no problems dated {cfg.start_date} to {cfg.end_date} (inclusive)")
         out.sort(key=lambda s: s.id)
         return out[: cfg.limit] if cfg.limit else out
 
@@ -106,7 +124,7 @@ class LiveCodeBenchTask(Task):
         return score_code(completion, d["tests"], d["testtype"], d["func_name"], self.cfg.timeout_s)
 
     def fingerprint(self) -> dict[str, Any]:
-        from fp8eval import sandbox
+        from fp8eval.scoring import sandbox
         from fp8eval.tasks import reasoning_data as rd
 
         return {

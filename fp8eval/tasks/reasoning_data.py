@@ -3,8 +3,6 @@ hub through `datasets` (imported lazily; an offline machine gets an error that s
 
 from __future__ import annotations
 
-from fp8eval.core.errors import Fp8evalError
-
 import csv
 import json
 import re
@@ -15,8 +13,10 @@ from typing import Any, Optional, Sequence
 from omegaconf import MISSING
 
 from fp8eval.config import TaskConfig
-from fp8eval.tasks.base import PROJECT_ROOT, TASK_DATA_ROOT, file_sha256
-from fp8eval.tasks.base import Prompt
+from fp8eval.core.errors import Fp8evalError
+from fp8eval.core.hub import prepare_offline
+from fp8eval.tasks.base import PROJECT_ROOT, TASK_DATA_ROOT, Prompt, file_sha256
+from fp8eval.validate import InputError, read_jsonl_rows
 
 
 @dataclass
@@ -49,7 +49,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
         opener = gzip.open if suffix.endswith(".gz") else open
         with opener(path, "rt", encoding="utf-8") as f:
-            return [json.loads(line) for line in f if line.strip()]
+            return read_jsonl_rows(f, path)
     if suffix == ".json":
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
@@ -79,6 +79,7 @@ def load_hub(task: str, dataset: str, config: str | None, split: str, revision: 
         f"Pass local files instead, e.g. `task.data_files=[path/to/{task}.jsonl]` "
         "(jsonl, json, csv or parquet with the dataset's columns)."
     )
+    offline = prepare_offline()  # before the import: `datasets` reads the offline variables then
     try:
         import datasets
     except ImportError as exc:
@@ -92,7 +93,8 @@ def load_hub(task: str, dataset: str, config: str | None, split: str, revision: 
         raise DataUnavailable(
             f"task {task}: could not load {dataset}" + (f" ({config})" if config else "")
             + f" split {split} from the Hugging Face hub: {type(exc).__name__}: {exc}. "
-            "Offline or gated datasets need a local copy. " + hint
+            + (f"The hub is not reachable here ({offline}). " if offline else "")
+            + "Offline or gated datasets need a local copy. " + hint
         ) from exc
     return [dict(row) for row in ds]
 
@@ -100,6 +102,9 @@ def load_hub(task: str, dataset: str, config: str | None, split: str, revision: 
 def hub_file(task: str, repo: str, filename: str, revision: str | None) -> Path:
     """One file of a hub dataset repository (for datasets whose loading script `datasets` no longer runs)."""
     hint = f"Pass local files instead: `task.data_files=[path/to/{task}.jsonl]`."
+    offline = prepare_offline()
+    if offline:
+        hint = f"The hub is not reachable here ({offline}). " + hint
     try:
         from huggingface_hub import hf_hub_download
     except ImportError as exc:
@@ -173,7 +178,7 @@ def task_rows(task) -> list[dict[str, Any]]:
 def finish_samples(name: str, samples: list, limit: int | None) -> list:
     """Sample ids key the records: a duplicate would merge two problems' results."""
     if len({s.id for s in samples}) != len(samples):
-        raise ValueError(f"{name}: duplicate sample ids in the data")
+        raise InputError(f"{name}: duplicate sample ids in the data")
     return samples[:limit] if limit else samples
 
 

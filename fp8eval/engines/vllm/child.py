@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import signal
 import subprocess
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from fp8eval.core.procs import set_parent_death_signal
 from fp8eval.engines.vllm.kvcheck import runs_on_cpu
 
 _LIVE: set[ChildProcess] = set()
@@ -56,14 +58,9 @@ def _install_handlers() -> None:
             pass
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def _die_with_parent(parent_pid: int) -> None:  # runs in the child between fork and exec
     os.setsid()  # own process group: stop() takes vLLM's own helper processes down with it
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except Exception:
-        pass
+    set_parent_death_signal(signal.SIGTERM, parent_pid)  # SIGTERM: vLLM then stops its own workers
 
 
 class ChildProcess:
@@ -78,7 +75,7 @@ class ChildProcess:
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             cmd, stdin=stdin, stdout=stdout if stdout is not None else self._log, stderr=self._log,
-            env=env, preexec_fn=_die_with_parent, close_fds=True,
+            env=env, preexec_fn=functools.partial(_die_with_parent, os.getpid()), close_fds=True,
         )
         with _LIVE_LOCK:
             _LIVE.add(self)

@@ -1,0 +1,78 @@
+"""Inputs checked before any work, each message naming the key, the value and the valid range.
+
+`check_task_config` runs before an engine is built; `check_samples` right after the task loads its data;
+`read_jsonl_rows` is how data files are read (a malformed row names file:line, an empty file is an error).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from fp8eval.core.errors import Fp8evalError
+
+
+class InputError(Fp8evalError):
+    """A configuration value or data file that cannot give a meaningful number."""
+
+
+def _ints(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_task_config(cfg: Any) -> None:
+    """repeats >= 1; limit null or >= 1; a grid's lengths >= 1 and depths in 0..100, neither empty."""
+    name = getattr(cfg, "name", "?")
+    if not _ints(cfg.repeats) or cfg.repeats < 1:
+        raise InputError(f"task.repeats={cfg.repeats!r} ({name}): must be an integer >= 1")
+    if cfg.limit is not None and (not _ints(cfg.limit) or cfg.limit < 1):
+        raise InputError(f"task.limit={cfg.limit!r} ({name}): must be null (every sample) or an integer >= 1")
+    lengths = getattr(cfg, "lengths", None)
+    if lengths is not None:
+        if not list(lengths):
+            raise InputError(f"task.lengths=[] ({name}): give at least one length in tokens (>= 1)")
+        bad = [x for x in lengths if not _ints(x) or x < 1]
+        if bad:
+            raise InputError(f"task.lengths={list(lengths)} ({name}): each must be an integer >= 1 (tokens); "
+                             f"not {bad}")
+    depths = getattr(cfg, "depths", None)
+    if depths is not None:
+        if not list(depths):
+            raise InputError(f"task.depths=[] ({name}): give at least one depth in percent (0..100)")
+        bad = [x for x in depths if not isinstance(x, (int, float)) or isinstance(x, bool) or math.isnan(x)
+               or not 0 <= x <= 100]
+        if bad:
+            raise InputError(f"task.depths={list(depths)} ({name}): each must be a percentage in 0..100; not {bad}")
+    for key in ("needles", "needles_per_cell", "synthetic_rows"):
+        value = getattr(cfg, key, None)
+        values = list(value) if isinstance(value, (list, tuple)) or hasattr(value, "__iter__") else [value]
+        if value is not None and (not values or any(not _ints(x) or x < 1 for x in values)):
+            raise InputError(f"task.{key}={value!r} ({name}): must be integer(s) >= 1")
+
+
+def check_samples(task_name: str, samples: list, data_files: Iterable[str] | None) -> None:
+    """A task with no sample would give an empty table with exit 0: refuse it instead."""
+    if not samples:
+        where = f" from task.data_files={list(data_files)}" if data_files else ""
+        raise InputError(f"task {task_name}: no samples{where}; check the data files and task.limit")
+
+
+def read_jsonl_rows(lines: Iterable[str], path: Path) -> list[dict]:
+    """JSON-object rows of a JSONL text; a bad row names path:line; an empty file is an error."""
+    rows = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise InputError(f"{path}:{i}: malformed row (not JSON: {e})") from None
+        if not isinstance(row, dict):
+            raise InputError(f"{path}:{i}: malformed row (a JSON {type(row).__name__}, not an object)")
+        rows.append(row)
+    if not rows:
+        raise InputError(f"{path}: no rows (the data file is empty)")
+    return rows
