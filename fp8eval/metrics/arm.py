@@ -26,7 +26,7 @@ def score_stderr(records: Sequence[dict]) -> tuple[float | None, float | None]:
     if not scored:
         return None, None
     scores = [float(r["score"]) for r in scored]
-    err = stats.stderr_of_scores([r["sample_id"] for r in scored], [int(r["repeat"]) for r in scored], scores)
+    err = stats.stderr_of_scores([r.get("sample_id") for r in scored], [int(r.get("repeat", 0)) for r in scored], scores)
     return mean_of(scores), (None if math.isnan(err) else err)
 
 
