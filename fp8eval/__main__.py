@@ -19,7 +19,7 @@ from fp8eval.calibrate.config import CalibrationError
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.paths import CONF_DIR, display_path
 from fp8eval.core.secrets import redact_files
-from fp8eval.overrides import check_overrides
+from fp8eval.overrides import check_overrides, free_dict_overrides
 from fp8eval.registry import register_configs
 from fp8eval.report import write_report
 from fp8eval.runner import Runner, format_table
@@ -100,6 +100,7 @@ def _write_report(run_dir: Path) -> None:
 
 if __name__ == "__main__":
     check_overrides(sys.argv[1:])
+    sys.argv[1:] = free_dict_overrides(sys.argv[1:])
     try:
         main()
     except KeyboardInterrupt:

@@ -61,6 +61,22 @@ def unknown_key_message(key: str, task_name: str) -> str | None:
     return None
 
 
+_FREE_DICTS = ("model.engine_args.", "kv.engine_args.", "engine.engine_args.")
+
+
+def free_dict_overrides(argv: list[str]) -> list[str]:
+    """`kv.engine_args.X=V` -> `++kv.engine_args.X=V`: engine_args hold any vLLM EngineArgs name, so setting
+    one must not depend on whether the chosen option already lists it (Hydra's struct mode would ask
+    for `+` when it does not, and refuse `+` when it does). Used by `python -m fp8eval`."""
+    out = []
+    for arg in argv:
+        key, eq, _ = arg.partition("=")
+        if eq and not arg.startswith(("+", "~", "-")) and key.startswith(_FREE_DICTS) and key.count(".") == 2:
+            arg = "++" + arg
+        out.append(arg)
+    return out
+
+
 def check_overrides(argv: list[str]) -> None:
     overrides = []
     skip = False

@@ -14,6 +14,7 @@ from fp8eval.calibrate.store import latest_checkpoint
 from fp8eval.config import EngineConfig, KVConfig, ModelConfig, RunConfig, SuiteConfig, TaskConfig
 from fp8eval.core.rundir import register_resolver as register_unique_dir
 from fp8eval.divergence.config import DivergenceRunConfig
+from fp8eval.sensitivity.config import SensitivityRunConfig
 from fp8eval.tasks import task_config_classes
 
 
@@ -56,3 +57,9 @@ def register_divergence_configs() -> None:
     """Schemas for `python -m fp8eval.divergence` (the model/kv/engine groups of `python -m fp8eval`)."""
     register_configs()
     ConfigStore.instance().store(name="divergence_schema", node=DivergenceRunConfig)
+
+
+def register_sensitivity_configs() -> None:
+    """Schemas for `python -m fp8eval.sensitivity` (the model/kv/engine groups of `python -m fp8eval`)."""
+    register_configs()
+    ConfigStore.instance().store(name="sensitivity_schema", node=SensitivityRunConfig)

@@ -50,6 +50,9 @@ def merged_engine_args(cfg, kv) -> dict[str, Any]:
     from fp8eval.engines import engine_args
 
     args = dict(plain(engine_args(cfg, kv)))
+    if args.get("kv_cache_dtype_skip_layers"):
+        # vLLM types it list[str]; `kv.engine_args.kv_cache_dtype_skip_layers=[3,7]` on the CLI gives ints.
+        args["kv_cache_dtype_skip_layers"] = [str(x) for x in args["kv_cache_dtype_skip_layers"]]
     model_cfg = cfg.model
     if getattr(model_cfg, "embedded_package", None) or getattr(model_cfg, "gguf_file", None):
         from fp8eval.models import local_model_dir

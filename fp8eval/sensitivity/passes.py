@@ -1,0 +1,143 @@
+"""Prefill passes of the reference engine's model under different KV policies, compared with BF16.
+
+One model is loaded (the arms share it, as in `python -m fp8eval`); a pass swaps the active `KVPolicy`
+(which layers store FP8) and runs the prefill the divergence probe runs (`fp8eval.divergence.sources`),
+keeping only the final hidden states. Distributions and measures are the probe's: logits from the hidden
+states a slice of positions at a time, KL(bf16 || variant), top-1 agreement, |delta logprob| of the BF16
+argmax, pooled per position bucket (`fp8eval.divergence.measures`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from fp8eval.config import KVConfig
+from fp8eval.divergence import measures as M
+from fp8eval.divergence import sources
+from fp8eval.divergence.documents import Passage, passages
+from fp8eval.engines import build_engine, resolve_kind
+from fp8eval.engines.base import EngineError
+from fp8eval.engines.kvcache import KVPolicy
+
+
+class SensitivityError(EngineError):
+    """The sensitivity run cannot proceed; the message says why and what to do."""
+
+
+def layer_types(config, n_layers: int) -> list[str]:
+    """Attention type per layer as transformers names them (`sliding_attention`, `full_attention`)."""
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    types = getattr(text, "layer_types", None)
+    if types and len(types) == n_layers:
+        return [str(t) for t in types]
+    # No per-layer list: one window for every layer, unless the config switches it off (Qwen2 style).
+    sliding = getattr(text, "sliding_window", None) and getattr(text, "use_sliding_window", True)
+    return ["sliding_attention" if sliding else "full_attention"] * n_layers
+
+
+class Passes:
+    """The loaded model, the BF16 and arm policies, and prefill passes under any skip list."""
+
+    def __init__(self, cfg, baseline_kv: KVConfig):
+        if resolve_kind(cfg) != "reference":
+            raise SensitivityError(
+                f"python -m fp8eval.sensitivity runs on the reference engine (engine=reference), which can "
+                f"switch each layer's cache format between passes; engine={cfg.engine.kind} resolved to "
+                f"{resolve_kind(cfg)}. Evaluate its recommended skip list on any engine with "
+                f"`python -m fp8eval ... kv.engine_args.kv_cache_dtype_skip_layers=[...]`.")
+        shared: dict = {}
+        self.engine = build_engine(cfg, cfg.kv, shared)
+        base = build_engine(cfg, baseline_kv, shared)
+        if self.engine.cache_dtype in ("auto", "bfloat16"):
+            raise SensitivityError(f"kv={cfg.kv.name} keeps a {self.engine.cache_dtype} cache: nothing to rank. "
+                                   f"Use an FP8 kv option (kv=fp8, fp8_e5m2, fp8_calibrated, fp8_per_head).")
+        self.ignored_skip = list(self.engine.skip_layers)
+        self.engine._load()
+        base._load()
+        self.tokenizer = self.engine.tokenizer()
+        self.arm: KVPolicy = dataclasses.replace(self.engine._policy, skip_layers=())
+        self.bf16: KVPolicy = base._policy
+        model = self.engine._model
+        text = model.config.get_text_config()
+        self.n_layers = int(text.num_hidden_layers)
+        self.types = layer_types(model.config, self.n_layers)
+        self.vocab = int(model.get_output_embeddings().weight.shape[0])
+
+    # --- policies ---------------------------------------------------------------------------------------
+    def fp8_policy(self, skip) -> KVPolicy:
+        """The arm's format and scales with `skip` (layer indices, or "sliding_window") kept in BF16."""
+        return dataclasses.replace(self.arm, skip_layers=tuple(str(x) for x in skip))
+
+    def only(self, layer: int) -> KVPolicy:
+        return self.fp8_policy([i for i in range(self.n_layers) if i != layer])
+
+    # --- passes -----------------------------------------------------------------------------------------
+    def passages(self, documents: int, lengths: list[int]) -> list[Passage]:
+        try:
+            return passages(self.tokenizer, sorted(set(int(n) for n in lengths)), documents)
+        except ValueError as e:
+            raise SensitivityError(str(e)) from e
+
+    def hidden(self, policy: KVPolicy, ids) -> np.ndarray:
+        """Final hidden states [T, hidden] of one prefill with `policy` as every layer's cache."""
+        own = self.engine._policy
+        self.engine._policy = policy  # what the probe's prefill activates
+        try:
+            return sources.reference_hidden(self.engine, tuple(ids))
+        finally:
+            self.engine._policy = own
+
+    def logits(self, hidden: np.ndarray):
+        return sources.logits_from_hidden(self.engine, hidden)
+
+    def check_head(self, ids) -> None:
+        """The probe's hidden-state logits must be the model's own (a model with extra logit scaling
+        would need handling there); checked once on a short prefix."""
+        import torch
+
+        x = list(ids)[:16]
+        self.engine._shared["active_policy"] = self.bf16
+        with torch.inference_mode():
+            ref = self.engine._model(input_ids=torch.tensor([x], device=self.engine._model.device)).logits[0]
+        mine = self.logits(self.hidden(self.bf16, x))
+        # float32 compute agrees to rounding; bfloat16 logits step by 1/16 around 10, so allow a few steps
+        # there (a forgotten soft-cap or logit scale is off by far more).
+        tol = 1e-3 if ref.dtype == torch.float32 else 0.25
+        if not torch.allclose(ref.float().cpu(), mine.float().cpu(), atol=tol, rtol=tol):
+            raise SensitivityError(f"{type(self.engine._model).__name__}: logits from the final hidden states "
+                                   f"differ from the model's own (max {float((ref.cpu() - mine.cpu()).abs().max()):.3g})")
+
+
+class Baseline:
+    """The BF16 arm's logits for one passage, a slice of positions at a time: kept in memory when the
+    whole passage fits `keep_gib`, else made again from the hidden states for every comparison."""
+
+    def __init__(self, passes: Passes, hidden: np.ndarray, keep_gib: float):
+        self.passes, self.hidden = passes, hidden
+        self.step = max(16, (1 << 24) // passes.vocab)  # ~16M logits a slice, as the probe does
+        self.keep = hidden.shape[0] * passes.vocab * 4 <= keep_gib * 2**30
+        self._slices: dict[int, object] = {}
+
+    def slice(self, start: int):
+        if start in self._slices:
+            return self._slices[start]
+        logits = self.passes.logits(self.hidden[start:start + self.step])
+        if self.keep:
+            self._slices[start] = logits
+        return logits
+
+    def release(self) -> None:
+        self._slices.clear()
+
+
+def compare(passes: Passes, base: Baseline, h_var: np.ndarray, *into: M.BucketAccumulator) -> None:
+    """Add, per position, KL(bf16 || variant), top-1 agreement and |delta logprob| of the BF16 argmax to
+    each accumulator (several passages pool token-weighted, as the probe pools them)."""
+    for start in range(0, h_var.shape[0], base.step):
+        lb = base.slice(start)
+        lv = passes.logits(h_var[start:start + base.step])
+        measured = (M.kl_from_logits(lb, lv), M.top1_from_logits(lb, lv), M.dlogp_from_logits(lb, lv))
+        for acc in into:
+            acc.add(np.arange(start, start + lv.shape[0]), *measured)
