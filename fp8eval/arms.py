@@ -13,9 +13,9 @@ from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
 from fp8eval.config import KVConfig, RunConfig
-from fp8eval.engines.spec import ArmSpec, merged_engine_args
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.paths import CONF_DIR
+from fp8eval.engines.spec import ArmSpec, merged_engine_args
 
 __all__ = ["ArmError", "ArmSpec", "compose_kv", "merged_engine_args", "resolve_arms"]
 

@@ -26,8 +26,13 @@ from pathlib import Path
 import torch
 
 from fp8eval.core.quant import fp8_roundtrip
-from fp8eval.engines.attention_emulation import (FAST_ACC_ALIGN, FAST_ACC_BITS, FAST_ACC_K, FAST_ACC_PROMOTE_EVERY,
-                                                 fast_fp8_matmul)
+from fp8eval.engines.attention_emulation import (
+    FAST_ACC_ALIGN,
+    FAST_ACC_BITS,
+    FAST_ACC_K,
+    FAST_ACC_PROMOTE_EVERY,
+    fast_fp8_matmul,
+)
 
 DEFAULT_LENGTHS = [1 << p for p in range(10, 21)]  # 1k .. 1M
 EMULATE_LENGTHS = [1 << p for p in range(10, 18)]  # 1k .. 128k: the CPU emulation walks the sum serially

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+
 from fp8eval.records import canonical_json, fingerprint_hash
 
 

@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install.sh
+# The linter first (pyflakes, import order, pycodestyle errors; config in pyproject.toml): seconds.
+.venv/bin/ruff check fp8eval tests benchmarks scripts
 exec .venv/bin/python -m pytest -q -ra --durations=15 "$@"

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, compose, run_inprocess
+
 from fp8eval.core import filehash
 from fp8eval.engines import vllm_common as vc
 from fp8eval.engines.fake import FakeEngine

@@ -291,8 +291,9 @@ def calibrated(tmp_path_factory):
         path = cal.calibrate(model, calib, log=lambda m: None)
         runs[strategy] = (calib, path)
     manifest = json.loads((runs["tensor"][1] / "calibration.json").read_text())
-    from fp8eval.models import local_model_dir
     from transformers import AutoTokenizer
+
+    from fp8eval.models import local_model_dir
 
     model_dir = local_model_dir(model)
     tok = AutoTokenizer.from_pretrained(model_dir)

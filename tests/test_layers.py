@@ -108,3 +108,9 @@ def test_lower_rooms_never_import_the_runner_report_or_clis():
         if mod.startswith(low):
             bad = sorted(d for d in deps if d.startswith(top))
             assert not bad, f"{mod} imports {bad}"
+
+
+def test_no_module_over_500_lines():
+    long = {str(p.relative_to(REPO)): n for p in PKG.rglob("*.py")
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"split these by concern: {long}"

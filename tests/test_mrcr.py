@@ -192,8 +192,8 @@ def test_synthetic_rows_land_in_their_bins():
 
 def test_synthetic_rows_land_in_their_bins_by_o200k():
     _need_o200k()
-    from fp8eval.tasks.mrcr.synth import synth_rows
     from fp8eval.tasks.mrcr.o200k import count_message_tokens
+    from fp8eval.tasks.mrcr.synth import synth_rows
 
     rows = list(synth_rows(["8k", "128k", "1M"], [8], 1, seed=3, haystack_dir=_haystack()))
     assert [bucket_of(count_message_tokens(json.loads(r["prompt"]))) for r in rows] == ["8k", "128k", "1M"]

@@ -4,8 +4,8 @@ a few problems each, short generations (so length cut-offs are expected and must
 from __future__ import annotations
 
 import pytest
-
 from conftest import REPO, SHARED_DATA, run_inprocess
+
 from fp8eval.tasks import task_class
 
 pytest.importorskip("torch")

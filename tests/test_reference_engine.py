@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from conftest import compose  # noqa: E402
+
 from fp8eval.engines.base import Request  # noqa: E402
 from fp8eval.engines.kvcache import KVPolicy  # noqa: E402
 from fp8eval.engines.reference import ReferenceEngine  # noqa: E402

@@ -15,9 +15,9 @@ import pandas as pd
 import pytest
 
 from fp8eval.metrics import stats
-from fp8eval.report import write_report
 from fp8eval.metrics.auc import context_arena_auc
 from fp8eval.metrics.pairing import PairingError
+from fp8eval.report import write_report
 from fp8eval.report.analysis import pair_arms
 from fp8eval.report.load import Arm, Record, ReportInputError
 from fp8eval.report.verdicts import Thresholds, bucket_sign_test, gate_verdict

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, compose, last_path, run_cli, run_inprocess, summary_of
+
 from fp8eval.records import read_records
 
 FAST = ["engine=fake", "task.lengths=[1024,2048]", "task.depths=[0,50,100]"]

@@ -1,6 +1,6 @@
 import subprocess
-from pathlib import Path
 import sys
+from pathlib import Path
 
 from fp8eval.core.seeds import derive_seed, permutation
 

@@ -364,7 +364,7 @@ def run_arm(tmp_path: Path, overrides: list[str]) -> dict:
                        *NIAH_SMALL, *overrides])
     summary = Runner(cfg, run_dir).run()
     arm = summary["arms"]["bf16"]
-    records = [json.loads(l) for l in Path(arm["records"]).read_text().splitlines()]
+    records = [json.loads(line) for line in Path(arm["records"]).read_text().splitlines()]
     return {"summary": summary, "arm": arm, "records": {r["sample_id"]: r for r in records},
             "run_dir": run_dir, "material": json.loads(Path(arm["records"]).with_suffix(".arm.json").read_text())}
 
@@ -470,6 +470,7 @@ def test_runner_resumes_after_the_server_dies_mid_run(tmp_path):
     import threading
 
     from conftest import run_inprocess
+
     from fp8eval.core.errors import Fp8evalError
     from fp8eval.records import read_records
 

@@ -5,10 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from fp8eval.metrics.pairing import PairingError
-
-from fp8eval.records import read_records
 from fp8eval.metrics.arm import arm_summary, paired_recovery
+from fp8eval.metrics.pairing import PairingError
+from fp8eval.records import read_records
 
 GOLDEN = Path(__file__).parent / "data" / "golden"
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, SHARED_DATA, run_inprocess
+
 from fp8eval.records import read_records
 from fp8eval.tasks import REGISTRY, task_class
 

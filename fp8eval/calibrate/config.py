@@ -12,7 +12,6 @@ from fp8eval.config import ModelConfig
 from fp8eval.core.paths import TASK_DATA_ROOT
 from fp8eval.scales import STRATEGIES
 
-
 CALIB_SCHEMA = "fp8eval-calib/1"
 SHIPPED_DATA = TASK_DATA_ROOT / "calibration"
 PIPELINES = ("independent", "sequential", "basic")

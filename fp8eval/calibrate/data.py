@@ -8,11 +8,10 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+from fp8eval.calibrate.config import PRESETS, CalibConfig, CalibrationError
 from fp8eval.core.filehash import file_sha256
 from fp8eval.core.seeds import permutation
-from fp8eval.calibrate.config import PRESETS, CalibConfig, CalibrationError
-
-
 
 
 @dataclass

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-from fp8eval.scales import FP8_E4M3_MAX, KVScales
 from fp8eval.calibrate.config import FP8_E4M3_MIN_NORMAL
+from fp8eval.scales import FP8_E4M3_MAX, KVScales
 
 
 def _fmt(x: float) -> str:
@@ -76,10 +75,10 @@ def collect_kv_stats(model, input_ids: list[list[int]], scales: KVScales) -> KVS
             model(input_ids=x, past_key_values=StatsCache(config=model.config), use_cache=True)
 
     def table(field_name: str, cast):
-        return {w: {l: [cast(v) for v in d[field_name].tolist()] for l, d in sorted(acc[w].items())} for w in acc}
+        return {w: {layer: [cast(v) for v in d[field_name].tolist()] for layer, d in sorted(acc[w].items())} for w in acc}
 
     def rel(err: str):
-        return {w: {l: float((d[err] / d["sig2"].clamp_min(1e-30)).sqrt()) for l, d in sorted(acc[w].items())}
+        return {w: {layer: float((d[err] / d["sig2"].clamp_min(1e-30)).sqrt()) for layer, d in sorted(acc[w].items())}
                 for w in acc}
 
     return KVStats(
@@ -115,7 +114,7 @@ def risk_summary(stats: KVStats) -> list[str]:
         amax = max(max(v) for v in stats.amax[which].values())
         worst = max(stats.rel_err_at_1[which].items(), key=lambda kv: kv[1])
         worst_s = max(stats.rel_err_at_scale[which].items(), key=lambda kv: kv[1])
-        sat_layers = sorted(l for l, v in stats.n_saturate_at_1[which].items() if sum(v))
+        sat_layers = sorted(layer for layer, v in stats.n_saturate_at_1[which].items() if sum(v))
         lines.append(
             f"- **{name}**: max |{name.lower()}| = {_fmt(amax)} over {n:,} values. At scale 1.0: "
             f"{sat:,} ({_fmt(100 * sat / n)}%) saturate (|x| > 448)"

@@ -4,14 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
-from fp8eval.scales import FP8_E4M3_MAX, KVScales
 from fp8eval.calibrate.data import TokenizedSet
 from fp8eval.calibrate.kvstats import KVStats, _fmt, risk_summary
-
-
-
-
+from fp8eval.scales import FP8_E4M3_MAX, KVScales
 
 
 def write_report(out_dir: Path, scales: KVScales, stats: KVStats, key: dict, tokenized: TokenizedSet,
@@ -84,12 +79,12 @@ def plot_scales(path: Path, scales: KVScales, stats: KVStats, model_name: str) -
     layers = scales.layers
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.2), sharey=True)
     for ax, which, sc in ((axes[0], "k", scales.k), (axes[1], "v", scales.v)):
-        vals = [sc[l].reshape(-1).tolist() for l in layers]
+        vals = [sc[layer].reshape(-1).tolist() for layer in layers]
         n_heads = len(vals[0])
         for h in range(n_heads):
             label = "calibrated scale" if n_heads == 1 else f"calibrated scale, head {h}"
             ax.plot(layers, [v[h] for v in vals], marker="o", ms=3, lw=1, label=label)
-        ax.plot(layers, [max(stats.amax[which][l]) / FP8_E4M3_MAX for l in layers], ls="--", color="black",
+        ax.plot(layers, [max(stats.amax[which][layer]) / FP8_E4M3_MAX for layer in layers], ls="--", color="black",
                 lw=1, label="measured amax / 448" + (" (max over heads)" if n_heads > 1 else ""))
         ax.axhline(1.0, color="red", lw=1, ls=":", label="uncalibrated scale 1.0")
         ax.set_yscale("log")

@@ -11,15 +11,14 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-
-from fp8eval.config import ModelConfig
-from fp8eval.scales import load_kv_scales, save_kv_scales_json
-from fp8eval.models import local_model_dir
 from fp8eval.calibrate.config import CalibConfig, CalibrationError, validate
 from fp8eval.calibrate.data import TokenizedSet, load_rows, resolve_dataset, select_rows, tokenize_rows
 from fp8eval.calibrate.kvstats import collect_kv_stats_unquantized
 from fp8eval.calibrate.report import write_report
 from fp8eval.calibrate.store import _point_latest, cache_key, cache_root, checkpoint_dir, key_hash
+from fp8eval.config import ModelConfig
+from fp8eval.models import local_model_dir
+from fp8eval.scales import load_kv_scales, save_kv_scales_json
 
 
 def _require_llmcompressor():

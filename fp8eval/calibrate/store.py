@@ -10,11 +10,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Optional
 
-
-from fp8eval.config import ModelConfig
-from fp8eval.core.paths import cache_root as fp8eval_cache
 from fp8eval.calibrate.config import CALIB_SCHEMA, CalibConfig, CalibrationError
 from fp8eval.calibrate.data import DatasetSource
+from fp8eval.config import ModelConfig
+from fp8eval.core.paths import cache_root as fp8eval_cache
 
 
 # --- where things live ---------------------------------------------------------------------------------

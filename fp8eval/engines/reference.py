@@ -11,8 +11,14 @@ import time
 from importlib import metadata
 from typing import Iterable, Iterator
 
-from fp8eval.config import (ACCUMULATION_MODES, ATTENTION_MODES, KV_EMULATION_DEFAULTS, KVConfig, RunConfig,
-                            kv_fingerprint_view)
+from fp8eval.config import (
+    ACCUMULATION_MODES,
+    ATTENTION_MODES,
+    KV_EMULATION_DEFAULTS,
+    KVConfig,
+    RunConfig,
+    kv_fingerprint_view,
+)
 from fp8eval.core.hub import known_offline_reason
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
 from fp8eval.engines.prompting import plain_prompt_text

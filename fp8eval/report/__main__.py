@@ -8,8 +8,9 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from fp8eval.report import write_report
+
 from fp8eval.metrics.pairing import PairingError
+from fp8eval.report import write_report
 from fp8eval.report.load import ReportInputError
 
 

@@ -19,9 +19,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from fp8eval.metrics.groups import (
+    depth_family,
+    families,
+    length_family,
+    parse_number,
+    parse_size,
+    short_size,
+    split_label,
+)
 from fp8eval.report.analysis import Pair, cell_table
-from fp8eval.metrics.groups import (depth_family, families, length_family, parse_number,
-                                   parse_size, short_size, split_label)
 from fp8eval.report.load import Arm
 
 

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import pandas as pd
 
 from fp8eval.metrics import stats
-from fp8eval.report.analysis import Pair, per_sample
 from fp8eval.metrics.groups import label_sort_key
+from fp8eval.report.analysis import Pair, per_sample
 
 
 @dataclass

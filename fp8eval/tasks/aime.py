@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from fp8eval.tasks.reasoning_data import HubTaskConfig
-from fp8eval.tasks.base import Prompt, Sample, Score, Task
-from fp8eval.tasks import reasoning_data as rd
 from fp8eval.scoring.math import score_aime
+from fp8eval.tasks import reasoning_data as rd
+from fp8eval.tasks.base import Prompt, Sample, Score, Task
+from fp8eval.tasks.reasoning_data import HubTaskConfig
 
 
 @dataclass

@@ -13,11 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
 
-from fp8eval.tasks.reasoning_data import HubTaskConfig
-from fp8eval.tasks.base import Prompt, Sample, Score, Task
+from fp8eval.scoring.mcq import choice_order, correct_letter, score_mcq
 from fp8eval.tasks import reasoning_data as rd
-from fp8eval.scoring.mcq import choice_order
-from fp8eval.scoring.mcq import correct_letter, score_mcq
+from fp8eval.tasks.base import Prompt, Sample, Score, Task
+from fp8eval.tasks.reasoning_data import HubTaskConfig
 
 _COLUMNS = ("Question", "Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3")
 

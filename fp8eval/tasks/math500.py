@@ -6,12 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from fp8eval.tasks.reasoning_data import HubTaskConfig
-from fp8eval.tasks.base import Prompt, Sample, Score, Task
+from fp8eval.scoring.math import last_boxed, quick_math, score_math
 from fp8eval.tasks import reasoning_data as rd
-from fp8eval.scoring.math import last_boxed
-from fp8eval.scoring.math import score_math
-from fp8eval.scoring.math import quick_math
+from fp8eval.tasks.base import Prompt, Sample, Score, Task
+from fp8eval.tasks.reasoning_data import HubTaskConfig
 
 
 @dataclass

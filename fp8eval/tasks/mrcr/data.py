@@ -18,9 +18,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from fp8eval.metrics.auc import bucket_of
-from fp8eval.tasks.mrcr.o200k import count_message_tokens
 from fp8eval.tasks.base import file_sha256
-from fp8eval.tasks.mrcr.o200k import ENCODING_NAME
+from fp8eval.tasks.mrcr.o200k import ENCODING_NAME, count_message_tokens
 
 MANIFEST_VERSION = "1"
 ROW_FIELDS = (

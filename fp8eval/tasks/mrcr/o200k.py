@@ -18,6 +18,7 @@ import os
 import threading
 from functools import lru_cache
 from pathlib import Path
+
 from fp8eval.core.paths import cache_root
 
 ENCODING_NAME = "o200k_base"

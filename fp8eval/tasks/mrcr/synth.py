@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from fp8eval.metrics.auc import MRCR_BINS, MRCR_LABELS, bucket_of
 from fp8eval.core.paths import PROJECT_ROOT
 from fp8eval.core.seeds import rng_for
+from fp8eval.metrics.auc import MRCR_BINS, MRCR_LABELS, bucket_of
 
 GENERATOR_VERSION = "1"
 PREAMBLE = "Here are some examples of conversations succeeded by a follow-up question answered correctly:"

@@ -17,17 +17,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fp8eval.config import TaskConfig
-from fp8eval.metrics.arm import score_stderr
-from fp8eval.metrics.select import is_scored
-from fp8eval.tasks.base import Prompt, Sample, Score, SkipSample, Task
 from fp8eval.core.paths import cache_root
-from fp8eval.metrics.auc import MRCR_LABELS
-from fp8eval.tasks.mrcr.data import files_sha256
-from fp8eval.tasks.mrcr.synth import GENERATOR_VERSION, default_haystack_dir, synth_rows, write_jsonl
-from fp8eval.tasks.mrcr.data import RowReader, load_or_build_manifest
-from fp8eval.tasks.mrcr.data import RowRef, row_id
+from fp8eval.metrics.arm import score_stderr
+from fp8eval.metrics.auc import EDGE_OF_LABEL, MRCR_EDGES, MRCR_LABELS, context_arena_auc
+from fp8eval.metrics.select import is_scored
 from fp8eval.scoring import mrcr_grade
-from fp8eval.metrics.auc import EDGE_OF_LABEL, MRCR_EDGES, context_arena_auc
+from fp8eval.tasks.base import Prompt, Sample, Score, SkipSample, Task
+from fp8eval.tasks.mrcr.data import RowReader, RowRef, files_sha256, load_or_build_manifest, row_id
+from fp8eval.tasks.mrcr.synth import GENERATOR_VERSION, default_haystack_dir, synth_rows, write_jsonl
 
 # openai/mrcr after the December 2025 fix (date_added column, {N}needle/{N}needle_{0,1}.parquet).
 MRCR_REVISION = "f4c69fae7cf81f7ca26b9fee34b392a50f6b8a1d"

@@ -8,10 +8,10 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from fp8eval.config import SamplingConfig, TaskConfig
-from fp8eval.tasks.niah.haystack import HAYSTACK_DIR, haystack_text, sentence_boundary_before
-from fp8eval.scoring.niah import niah_score
 from fp8eval.core.seeds import rng_for
+from fp8eval.scoring.niah import niah_score
 from fp8eval.tasks.base import TASK_DATA_ROOT, Prompt, Sample, Score, SkipSample, Task, file_sha256
+from fp8eval.tasks.niah.haystack import HAYSTACK_DIR, haystack_text, sentence_boundary_before
 
 _WORDS_A = ("amber", "brisk", "calm", "dusty", "eager", "faint", "gentle", "hollow", "icy", "jolly", "keen",
             "lofty", "mellow", "noble", "odd", "pale", "quiet", "rapid", "silent", "tidy", "vivid", "witty")
