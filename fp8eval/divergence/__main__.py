@@ -17,6 +17,8 @@ register_divergence_configs()
 
 @hydra.main(config_path="../../conf", config_name="divergence", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    """`python -m fp8eval.divergence`: run it, print the table and the run directory; exit 2 on an fp8eval error or
+    a ValueError, after printing it."""
     from fp8eval.core.errors import Fp8evalError
     from fp8eval.divergence.run import format_table, run
 

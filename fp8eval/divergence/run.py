@@ -64,9 +64,11 @@ class ArmCache:
             fp_file.write_text(canonical_json({"fingerprint": fingerprint, "material": material}) + "\n")
 
     def path(self, p: Passage) -> Path:
+        """The file of one passage's result."""
         return self.dir / f"{p.key}.npz"
 
     def load(self, p: Passage) -> dict | None:
+        """One passage's cached result as {name: array}, or None when absent or unreadable."""
         try:
             with np.load(self.path(p)) as z:
                 return {k: z[k] for k in z.files}
@@ -74,6 +76,7 @@ class ArmCache:
             return None
 
     def save(self, p: Passage, data: dict) -> None:
+        """Write one passage's result atomically (whole or absent)."""
         tmp = self.path(p).with_suffix(".tmp.npz")
         np.savez(tmp, **data)
         tmp.replace(self.path(p))  # whole or absent: a killed run never leaves half a result

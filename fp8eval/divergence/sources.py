@@ -19,6 +19,7 @@ KIND_OF_ENGINE = {"reference": "hidden", "vllm": "topk"}
 
 
 def source_kind(engine) -> str:
+    """What the engine gives: 'hidden' (reference) or 'topk' (vllm); EngineError for any other engine."""
     kind = KIND_OF_ENGINE.get(getattr(engine, "kind", ""))
     if kind is None:
         raise EngineError(f"python -m fp8eval.divergence runs on engine=reference or engine=vllm; engine="

@@ -31,6 +31,7 @@ def _last_user(req: Request) -> str:
 
 
 def rule_echo(req: Request, i: int) -> str:
+    """The `echo` rule: answer with the prompt text, or else the last user message."""
     return _last_user(req)
 
 

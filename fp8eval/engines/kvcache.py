@@ -37,6 +37,8 @@ class KVPolicy:
 
     @property
     def attention_mode(self) -> str:
+        """The attention emulation in effect: `attention`, except that the legacy quantize_attention flag turns kv_only
+        into qp_unit_scale."""
         return "qp_unit_scale" if self.quantize_attention and self.attention == "kv_only" else self.attention
 
     def emulates_kernel(self, module) -> bool:
@@ -45,9 +47,12 @@ class KVPolicy:
 
     @property
     def fmt(self) -> str | None:
+        """The FP8 format of the cache dtype (e4m3 or e5m2), or None when the cache is not FP8."""
         return KV_CACHE_DTYPE_FORMAT.get(self.cache_dtype)
 
     def layer_is_fp8(self, module) -> bool:
+        """Whether this attention layer's cache is FP8: the cache dtype is FP8 and neither the layer index nor its
+        sliding-window type is in skip_layers."""
         if self.fmt is None:
             return False
         idx = getattr(module, "layer_idx", None)
@@ -60,6 +65,8 @@ class KVPolicy:
     incremental: bool = True
 
     def store(self, module, key: torch.Tensor, value: torch.Tensor, n_new: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Round the new K/V positions in place to what the cache stores (FP8 with the layer's scales, else the model
+        dtype); returns key and value. Without `incremental`, every position is rounded again."""
         total = key.shape[-2]
         n = total if not self.incremental else min(n_new, total)
         if not self.layer_is_fp8(module):
@@ -111,6 +118,8 @@ def make_attention_function(policy_of):
 
 
 def register(policy_of) -> str:
+    """Register the emulated-cache attention function (and SDPA's mask function) with transformers under ATTENTION_NAME
+    and return that name; `policy_of(module)` gives the active KVPolicy."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 

@@ -134,6 +134,8 @@ class ReferenceEngine:
 
     # --- loading ------------------------------------------------------------------------------------
     def tokenizer(self):
+        """The model's tokenizer, loaded once and shared between engines of one model directory (EngineError when it
+        cannot be loaded)."""
         if self._tok is None:
             key = ("tok", self._model_dir())
             if key not in self._shared:
@@ -205,6 +207,8 @@ class ReferenceEngine:
 
     # --- prompts ------------------------------------------------------------------------------------
     def prompt_ids(self, request: Request) -> list[int]:
+        """The prompt's token ids: plain text as is, messages through the chat template when the config and the
+        tokenizer have one, else as plain text."""
         tok = self.tokenizer()
         if request.prompt_text is not None:
             return tok(request.prompt_text, add_special_tokens=True)["input_ids"]

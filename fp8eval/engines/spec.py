@@ -25,22 +25,27 @@ class ArmSpec:
 
     @property
     def name(self) -> str:
+        """The kv option's name."""
         return self.kv.name
 
     @property
     def description(self) -> str:
+        """The kv option's description."""
         return self.kv.description
 
     @property
     def scales(self) -> str | None:
+        """The kv option's scales source (None: no scales)."""
         return self.kv.scales
 
     @property
     def scale_strategy(self) -> str:
+        """The kv option's scale strategy."""
         return self.kv.scale_strategy
 
     @property
     def quantize_attention(self) -> bool:
+        """The kv option's quantize_attention flag."""
         return self.kv.quantize_attention
 
     @property

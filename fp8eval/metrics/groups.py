@@ -16,6 +16,7 @@ DEPTH_FAMILIES = ("depth", "depth_pct", "position")
 
 
 def split_label(label: str) -> tuple[str, str]:
+    """(family, value) of a group label: `key=value` -> (key, value), a bare label -> ('bucket', label)."""
     if "=" in label:
         key, _, value = label.partition("=")
         return key.strip(), value.strip()
@@ -32,6 +33,7 @@ def parse_size(value: str) -> float | None:
 
 
 def parse_number(value: str) -> float | None:
+    """A label value as a number (a size like `8k`, or a percentage like `50%`); None when it is not one."""
     v = value.strip().rstrip("%")
     return parse_size(v)
 
@@ -44,6 +46,7 @@ def label_sort_key(label: str) -> tuple:
 
 
 def families(labels) -> dict[str, list[str]]:
+    """{family: its labels in label order} of these labels."""
     out: dict[str, list[str]] = {}
     for label in sorted(set(labels), key=label_sort_key):
         out.setdefault(split_label(label)[0], []).append(label)
@@ -61,6 +64,7 @@ def length_family(labels) -> str | None:
 
 
 def depth_family(labels) -> str | None:
+    """The family of needle depths among these labels (two or more values, all numbers), else None."""
     fams = families(labels)
     for name in DEPTH_FAMILIES:
         values = fams.get(name)
@@ -78,6 +82,7 @@ def cell_key(groups) -> str:
 
 
 def short_size(tokens: float) -> str:
+    """A token count written short: 8192 -> '8k', 1048576 -> '1M', else the integer."""
     if tokens >= 1024 * 1024 and tokens % (1024 * 1024) == 0:
         return f"{int(tokens // (1024 * 1024))}M"
     if tokens >= 1024 and tokens % 1024 == 0:

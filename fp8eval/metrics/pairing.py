@@ -38,6 +38,7 @@ class Paired:
 
     @property
     def pairs(self) -> list[PairedKey]:
+        """The keys both arms scored (not excluded)."""
         return [k for k in self.keys if not k.excluded]
 
 

@@ -156,6 +156,8 @@ def sign_test(n_below: int, n_above: int) -> float:
 
 
 def sign_test_two_sided(n_below: int, n_above: int) -> float:
+    """Two-sided exact sign test p-value: twice the one-sided tail of the larger count, capped at 1 (1.0 with nothing to
+    test)."""
     n = n_below + n_above
     if n == 0:
         return 1.0

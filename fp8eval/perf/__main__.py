@@ -20,6 +20,8 @@ register_configs()
 
 @hydra.main(config_path="../../conf", config_name="perf", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    """`python -m fp8eval.perf`: run the sweep, print the table and the run directory; exit 2 when no arm measured
+    anything."""
     from fp8eval.perf.run import run
     from fp8eval.perf.table import format_table
 

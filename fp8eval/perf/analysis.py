@@ -58,6 +58,8 @@ def _round(v: float | None, digits: int = 6) -> float | None:
 
 
 def itl_fit(points: list[dict]) -> dict[str, Any] | None:
+    """Line fit of inter-token latency (ms) against input tokens over the points, or None with fewer than two distinct
+    input lengths."""
     pts = [(p["input_tokens"], p["itl_ms"]) for p in points if p.get("itl_ms") is not None]
     if len({x for x, _ in pts}) < 2:
         return None
@@ -66,6 +68,8 @@ def itl_fit(points: list[dict]) -> dict[str, Any] | None:
 
 
 def ttft_fit(points: list[dict]) -> dict[str, Any] | None:
+    """Quadratic fit of time to first token (ms) against input tokens over the points, or None with fewer than three
+    distinct input lengths."""
     pts = [(p["input_tokens"], p["ttft_ms"]) for p in points if p.get("ttft_ms") is not None]
     if len({x for x, _ in pts}) < 3:
         return None

@@ -106,6 +106,7 @@ class Arm:
     tokenizer: str | None = None
 
     def close(self) -> None:
+        """Close the arm's server engine."""
         self.engine.close()
 
 

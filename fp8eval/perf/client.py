@@ -38,6 +38,7 @@ class Sample:
 
     @property
     def ok(self) -> bool:
+        """Whether the request succeeded: no error and a first token arrived."""
         return not self.error and self.ttft_ms is not None
 
 
@@ -51,6 +52,8 @@ class Batch:
     summary: dict[str, Any] = field(default_factory=dict)  # the generator's own figures (vllm bench)
 
     def to_json(self, with_samples: bool = True) -> dict[str, Any]:
+        """The batch as JSON: client, duration, concurrency, request and error counts, raw file, and the samples unless
+        `with_samples` is false."""
         out = {"client": self.client, "duration_s": round(self.duration_s, 4), "concurrency": self.concurrency,
                "n_requests": len(self.samples), "n_errors": sum(1 for s in self.samples if not s.ok),
                "raw_path": self.raw_path}

@@ -43,9 +43,11 @@ class LatencyLaw:
     ttft_c_ms: float = 0.0
 
     def ttft_s(self, n: int) -> float:
+        """Seconds to the first token for an `n`-token prompt: a + b n + c n^2 (ms)."""
         return (self.ttft_a_ms + self.ttft_b_ms * n + self.ttft_c_ms * n * n) / 1000.0
 
     def itl_s(self, n: int) -> float:
+        """Seconds between tokens with `n` tokens of context: a + b n (ms)."""
         return (self.itl_a_ms + self.itl_b_ms * n) / 1000.0
 
 
@@ -190,10 +192,12 @@ class FakeServer:
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="fake-perf-server", daemon=True)
 
     def start(self) -> Self:
+        """Start serving in the background thread; returns self."""
         self._thread.start()
         return self
 
     def stop(self) -> None:
+        """Stop serving and close the socket."""
         self.httpd.shutdown()
         self.httpd.server_close()
 

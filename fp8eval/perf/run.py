@@ -37,6 +37,8 @@ class Measurer:
 
     def batch(self, url: str, model: str, tokenizer: str | None, *, input_len: int, output_len: int, n: int,
               concurrency: int, jitter: float = 0.0, name: str) -> Batch:
+        """Send `n` requests of about input_len/output_len tokens (±jitter) at `concurrency` and return the measured
+        Batch, with `vllm bench serve` or the built-in client."""
         self.calls += 1
         if self.client == "vllm_bench":
             return run_vllm_bench(url, model, input_len=input_len, output_len=output_len, num_prompts=n,

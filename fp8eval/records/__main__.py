@@ -62,6 +62,8 @@ def _scan(path: Path) -> list[FileScan]:
 
 
 def check(path: Path) -> tuple[bool, str]:
+    """(bad, report) for one arm's records file: what counts, what is ignored and the lines set aside; bad when a line
+    is corrupt, not a record, or another arm's or task's."""
     fp, task = arm_identity(path)
     scans = _scan(path)
     view = select_arm(scans, fp, task)
@@ -81,6 +83,8 @@ def check(path: Path) -> tuple[bool, str]:
 
 
 def repair(path: Path) -> str:
+    """Rewrite one arm's primary file atomically with exactly the records that count, fold its writer segments in and
+    append dropped lines to .rejected.jsonl; refused while a writer is alive. Returns a report line."""
     fp, task = arm_identity(path)
     claims = Claims(path.with_suffix(".claims"))
     if claims.writers.is_dir():
@@ -119,6 +123,8 @@ def repair(path: Path) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`python -m fp8eval.records check|repair PATH...`; returns 2 without arms, else 1 when any check finds bad lines
+    or any repair is refused, else 0."""
     ap = argparse.ArgumentParser(prog="python -m fp8eval.records", description=__doc__.split("\n\n")[0])
     ap.add_argument("command", choices=("check", "repair"))
     ap.add_argument("paths", nargs="+", metavar="PATH")

@@ -39,6 +39,7 @@ class ArmRecords(NamedTuple):
     problems: list[LineProblem]
 
     def done_keys(self) -> set[Key]:
+        """The (sample_id, repeat) keys that need no new request: status ok or skipped."""
         return {(r["sample_id"], r["repeat"]) for r in self.records if r["status"] in DONE_STATUSES}
 
 

@@ -75,14 +75,17 @@ class ArmStore:
 
     @property
     def path(self) -> Path:
+        """The arm's primary records file: <root>/<task>/<fingerprint[:20]>.jsonl."""
         return Path(self.root) / self.task / f"{self.fingerprint[:20]}.jsonl"
 
     @property
     def meta_path(self) -> Path:
+        """The arm's .arm.json beside its records (fingerprint and its material)."""
         return self.path.with_suffix(".arm.json")
 
     @property
     def claims_dir(self) -> Path:
+        """The folder of the arm's claims (which writer is doing which key)."""
         return self.path.with_suffix(".claims")
 
     @property
@@ -128,6 +131,7 @@ class ArmStore:
 
     @property
     def writer_id(self) -> str:
+        """This writer's id among the arm's claims ('' before open())."""
         return self._claims.writer_id if self._claims else ""
 
     # -- reading --------------------------------------------------------------------------------------
@@ -151,6 +155,7 @@ class ArmStore:
         return self.read().records
 
     def done_keys(self) -> set[Key]:
+        """The keys with a done record (ok or skipped) in any of the arm's files."""
         return self.read().done_keys()
 
     # -- claims ---------------------------------------------------------------------------------------
@@ -160,6 +165,7 @@ class ArmStore:
         return [k for k in keys if self._claims.try_claim(claim_name(*k))]
 
     def release(self, keys: Iterable[Key]) -> None:
+        """Drop this writer's claims on `keys` (call once their records are written)."""
         if self._claims is not None:
             self._claims.release([claim_name(*k) for k in keys])
 

@@ -15,6 +15,7 @@ from fp8eval.report.load import ReportInputError
 
 
 def parser() -> argparse.ArgumentParser:
+    """The command line of `python -m fp8eval.report`."""
     p = argparse.ArgumentParser(
         prog="python -m fp8eval.report",
         description="Pair each variant arm with its baseline record by record and write recovery.csv,"
@@ -42,6 +43,8 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Write the report, print each headline verdict, decision and worth line and the report directory; returns 0, or 2
+    when the inputs cannot be paired or read."""
     args = parser().parse_args(argv)
 
     try:

@@ -115,6 +115,7 @@ def per_sample(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def group_labels(pair: Pair) -> list[str]:
+    """Every group label of the pair's records, in label order."""
     labels = {g for gs in pair.all_keys["groups"] for g in gs} if pair.all_keys is not None else set()
     return sorted(labels, key=label_sort_key)
 
@@ -126,6 +127,8 @@ def _rows_in_group(df: pd.DataFrame, group: str) -> pd.DataFrame:
 
 
 def recovery_row(pair: Pair, group: str, settings: Settings) -> dict:
+    """One row of the recovery table: both arms' scores and stderrs, recovery % with its paired-bootstrap CI, counts and
+    cutoff rates, over the pair's records in `group`."""
     df = _rows_in_group(pair.paired, group)
     keys = _rows_in_group(pair.all_keys, group)
     ps = per_sample(df)
@@ -229,6 +232,8 @@ def auc_rows(pair: Pair, settings: Settings) -> tuple[list[dict], list[str]]:
 
 
 def recovery_table(pairs: list[Pair], settings: Settings) -> tuple[pd.DataFrame, list[str]]:
+    """The recovery table of every pair (its 'all' row, one per group, then the task's extra rows such as MRCR's AUC),
+    and the notes those extra rows bring."""
     rows: list[dict] = []
     notes: list[str] = []
     for pair in sorted(pairs, key=lambda p: (p.model, p.task, p.variant.label, p.baseline.label)):

@@ -30,6 +30,8 @@ def _clean(obj):
 
 def build_report(paths: list[Path], out: Path, *, n_boot: int, level: float, seed: int, strict: bool,
                  **thresholds) -> Path:
+    """Load the runs, pair their arms and write recovery.csv, flips.csv, arms.csv, figures, report.md, index.html and
+    verdicts.json into `out`; returns `out` resolved."""
     th = verdicts.Thresholds.from_kwargs(**thresholds)
     settings = analysis.Settings(n_boot=n_boot, level=level, seed=seed)
     runs, arms = load_runs(paths)

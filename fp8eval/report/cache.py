@@ -110,6 +110,8 @@ def _copy_outputs(src: Path, dst: Path) -> None:
 
 
 def restore(key: str, run_dirs: list[Path], out: Path) -> bool:
+    """Copy the cached report of `key` into `out`, rewriting its old paths to these run dirs and `out`; False when there
+    is no usable entry."""
     entry = _root() / key
     try:
         meta = json.loads((entry / "_inputs.json").read_text(encoding="utf-8"))
@@ -125,6 +127,8 @@ def restore(key: str, run_dirs: list[Path], out: Path) -> bool:
 
 
 def store(key: str, run_dirs: list[Path], out: Path) -> None:
+    """Keep a copy of the report in `out` under `key` (with the paths to rewrite on restore) and prune old entries; a
+    write failure is ignored."""
     root = _root()
     tmp = root / f".{key}.{os.getpid()}.tmp"
     try:

@@ -60,6 +60,7 @@ def _plt():
 
 
 def slug(*parts: str) -> str:
+    """A file-name-safe name from the parts (runs of other characters become '-'); 'figure' when empty."""
     text = "_".join(parts)
     return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-") or "figure"
 
@@ -94,6 +95,8 @@ def _palette(sns, order: list[str], baselines: set[str]) -> dict[str, tuple]:
 
 def bucket_figure(model: str, task: str, arm_stats: pd.DataFrame, baselines: set[str],
                   out_dir: Path) -> Figure | None:
+    """Score per context bucket of every arm of one (model, task), with ±1 stderr bands; None without a length family of
+    at least two scored buckets."""
     sub = arm_stats[(arm_stats["model"] == model) & (arm_stats["task"] == task)]
     fam = length_family([g for g in sub["group"] if g != "all"])
     if fam is None:
@@ -130,6 +133,7 @@ def bucket_figure(model: str, task: str, arm_stats: pd.DataFrame, baselines: set
 
 
 def bars_figure(model: str, arm_stats: pd.DataFrame, baselines: set[str], out_dir: Path) -> Figure | None:
+    """Bars of every arm's overall score per task for one model, with ±1 stderr; None without rows."""
     sub = arm_stats[(arm_stats["model"] == model) & (arm_stats["group"] == "all")]
     if sub.empty:
         return None
@@ -179,6 +183,8 @@ def _needle_grid(arm: Arm, len_fam: str, depth_fam: str) -> pd.DataFrame | None:
 
 
 def needle_figure(model: str, task: str, pairs: list[Pair], out_dir: Path) -> Figure | None:
+    """Heatmaps of score by context length and needle depth for each arm of one (model, task), and variant minus
+    baseline; None without length and depth groups."""
     mine = [p for p in pairs if p.model == model and p.task == task]
     if not mine:
         return None
@@ -225,6 +231,8 @@ def needle_figure(model: str, task: str, pairs: list[Pair], out_dir: Path) -> Fi
 
 
 def recovery_heatmap(headline: pd.DataFrame, gate: float, out_dir: Path) -> Figure | None:
+    """Headline recovery % of every (model, variant vs baseline) by task, coloured around the gate and marked with the
+    verdict; None when no recovery is defined."""
     if headline.empty:
         return None
     plt, sns = _plt()
@@ -262,6 +270,8 @@ def recovery_heatmap(headline: pd.DataFrame, gate: float, out_dir: Path) -> Figu
 
 def all_figures(arm_stats: pd.DataFrame, pairs: list[Pair], headline: pd.DataFrame, gate: float,
                 out_dir: Path) -> list[Figure]:
+    """Every figure the report shows (heatmap, then per model its bars, bucket and needle figures), saved under
+    `out_dir`; the ones that do not apply are left out."""
     out_dir.mkdir(parents=True, exist_ok=True)
     baselines = {p.baseline.label for p in pairs}
     figs: list[Figure | None] = [recovery_heatmap(headline, gate, out_dir)]

@@ -43,6 +43,7 @@ class Arm:
 
     @property
     def task_versions(self) -> set[str]:
+        """The task versions its records were made with (more than one means mixed records)."""
         return {str(r.data.get("task_version")) for r in self.records}
 
 
@@ -118,6 +119,8 @@ def _name(section: Any, what: str, run_dir: Path) -> str:
 
 
 def load_run(run_dir: Path, arm_cache: dict[str, Arm]) -> Run:
+    """One run directory read into a Run (config, summary, arms); an arm already in `arm_cache` (same fingerprint) is
+    shared. ReportInputError when they disagree."""
     config = _load_config(run_dir)
     try:
         summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
@@ -173,6 +176,7 @@ def _load_arm(model: str, task: str, kv: str, fp: str, path: Path, arm_summary: 
 
 
 def load_runs(paths: list[Path]) -> tuple[list[Run], list[Arm]]:
+    """Every run under `paths` and every distinct arm among them, arms labelled apart where two share a kv name."""
     arm_cache: dict[str, Arm] = {}
     runs = [load_run(d, arm_cache) for d in find_run_dirs(paths)]
     arms = list(arm_cache.values())

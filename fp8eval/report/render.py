@@ -60,6 +60,8 @@ def _rel(fig_path: Path, out: Path) -> str:
 
 # --- markdown ---------------------------------------------------------------------------------------
 def render_markdown(d: ReportData, out: Path) -> str:
+    """The text of report.md: refused pairs, decision, headline recovery and why, sign tests, flips, figures, all rows,
+    notes and inputs."""
     th = d.thresholds
     lv = f"{d.level * 100:.0f}%"
     lines = ["# FP8 KV cache recovery report", ""]
@@ -210,6 +212,7 @@ def _img(fig: Figure) -> str:
 
 
 def render_html(d: ReportData) -> str:
+    """The text of index.html: the report as one page that loads nothing (figures inlined, tables sortable)."""
     th = d.thresholds
     lv = f"{d.level * 100:.0f}%"
     parts = []

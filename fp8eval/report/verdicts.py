@@ -32,6 +32,7 @@ class Thresholds:
 
     @classmethod
     def from_kwargs(cls, **kw) -> "Thresholds":
+        """Thresholds from keyword arguments; TypeError naming any unknown one."""
         valid = set(cls.__dataclass_fields__)
         unknown = set(kw) - valid
         if unknown:
@@ -64,6 +65,7 @@ def gate_verdict(recovery: float, low: float, high: float, th: Thresholds, level
 
 
 def add_verdicts(table: pd.DataFrame, th: Thresholds, level: float) -> pd.DataFrame:
+    """A copy of the recovery table with `verdict` and `why` columns (gate_verdict of each row)."""
     out = table.copy()
     verdicts = [gate_verdict(r.recovery_pct, r.ci_low, r.ci_high, th, level) for r in out.itertuples()]
     out["verdict"] = [v for v, _ in verdicts]
@@ -99,13 +101,16 @@ class SignTest:
 
     @property
     def n_units(self) -> int:
+        """Units (buckets or tasks) tested: below, above and tied."""
         return self.n_below + self.n_above + self.n_ties
 
     @property
     def shift(self) -> bool:
+        """Whether the variant shows a systematic downward shift: more units below than above, p <= alpha."""
         return self.n_below > self.n_above and self.p_value <= self.alpha
 
     def explain(self) -> str:
+        """The test's result in one or two sentences, with the advice that follows from it."""
         head = (f"{self.variant} is below {self.baseline} in {self.n_below} of {self.n_units} {self.unit}s"
                 f" ({self.n_above} above, {self.n_ties} tied); exact one-sided sign test p = {self.p_value:.4f}")
         need = stats.min_units_for_sign_test(self.alpha)
@@ -177,6 +182,8 @@ FLIP_COLUMNS = ["model", "task", "baseline", "variant", "direction", "sample_id"
 
 
 def flips(pair: Pair, th: Thresholds) -> pd.DataFrame:
+    """The pair's flips: records right in one arm and wrong in the other (score >= right_at), each with both records'
+    file:line."""
     df = pair.paired
     if not len(df):
         return pd.DataFrame(columns=FLIP_COLUMNS)

@@ -54,6 +54,7 @@ def boxed_answers(text: str) -> list[str]:
 
 
 def last_boxed(text: str) -> str | None:
+    """The content of the answer's last \\boxed{} (the final answer), or None when there is none."""
     found = boxed_answers(text or "")
     return found[-1] if found else None
 
@@ -159,6 +160,8 @@ def aime_integer(extracted: str) -> int | None:
 
 
 def score_aime(answer_text: str, gold: int | str, timeout_s: float = DEFAULT_TIMEOUT_S) -> Score:
+    """An AIME answer's score: its last \\boxed{} read as an integer and compared with `gold`, else math-verify
+    equality; 0 without a \\boxed{}."""
     extracted = last_boxed(answer_text)
     gold_int = int(str(gold).strip())
     if extracted is None:

@@ -32,10 +32,13 @@ def choice_order(record_id: str, repeat: int, seed: int) -> list[int]:
 
 
 def correct_letter(order: list[int]) -> str:
+    """The letter the correct option (original index 0) is shown at under `order`."""
     return LETTERS[order.index(0)]
 
 
 def extract_letter(text: str) -> str | None:
+    """The answer's chosen letter: the match of the answer patterns that ends last, else an answer that is only a letter
+    ('C', '(C).', '**C**'), else None."""
     best: tuple[int, str] | None = None
     for pattern in _PATTERNS:
         for m in pattern.finditer(text or ""):
@@ -49,5 +52,6 @@ def extract_letter(text: str) -> str | None:
 
 
 def score_mcq(answer_text: str, gold_letter: str) -> Score:
+    """1.0 when the extracted letter is `gold_letter`, else 0.0 (extracted letter and gold in the Score)."""
     letter = extract_letter(answer_text)
     return Score(float(letter == gold_letter), letter, {"gold": gold_letter})

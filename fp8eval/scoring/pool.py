@@ -80,6 +80,8 @@ class Scorer:
         return self._pool
 
     def submit(self, key: Any, items: list[tuple[Sample, str, int]]) -> None:
+        """Queue one key's (sample, completion, repeat) items: scored inline without workers, else quick_score first and
+        the rest sent to the worker pool."""
         if self.workers <= 0:
             self._pending.append(_Waiting(key, [self.task.score(s, a, repeat=r) for s, a, r in items]))
             return
@@ -95,11 +97,13 @@ class Scorer:
             yield w.key, w.result()
 
     def drain(self) -> Iterator[tuple[Any, list[Score]]]:
+        """Yield (key, scores) for every submitted key, in submission order, waiting on workers as needed."""
         while self._pending:
             w = self._pending.popleft()
             yield w.key, w.result()
 
     def close(self) -> None:
+        """Shut the worker pool down (pending work cancelled). Safe to call twice."""
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None

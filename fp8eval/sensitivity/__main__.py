@@ -21,6 +21,8 @@ register_sensitivity_configs()
 
 @hydra.main(config_path="../../conf", config_name="sensitivity", version_base="1.3")
 def main(cfg: DictConfig) -> None:
+    """`python -m fp8eval.sensitivity`: rank the layers, write the run dir's outputs, print sensitivity.md (up to the
+    heatmap) and the run directory; exit 2 on an fp8eval error."""
     from fp8eval.core.errors import Fp8evalError
     from fp8eval.sensitivity import outputs
     from fp8eval.sensitivity.run import baseline_kv, run

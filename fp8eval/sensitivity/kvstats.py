@@ -61,6 +61,8 @@ class KVStatsAccumulator:
     n_heads: dict[int, int] = field(default_factory=dict)
 
     def add(self, which: str, layer: int, x: torch.Tensor, scale) -> None:
+        """Add the per-head counts of one K or V tensor of `layer` at `scale` (amax is the running maximum, the other
+        counts sum)."""
         new = head_counts(x, scale, self.fmt)
         self.head_dim[layer], self.n_heads[layer] = int(x.shape[-1]), int(x.shape[1])
         old = self.acc.get((which, layer))

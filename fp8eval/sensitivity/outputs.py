@@ -39,6 +39,8 @@ def kv_option_yaml(result: dict, kv) -> str:
 
 
 def next_commands(result: dict, run_dir: Path) -> list[str]:
+    """The two commands that evaluate the recommended skip list: with the skip layers on the command line, and with the
+    kv option written into the run dir."""
     skip = ",".join(skip_layer_strings(result["recommended_skip_layers"]))
     model, kv = result["model"], result["kv"]
     return [
@@ -51,6 +53,8 @@ def next_commands(result: dict, run_dir: Path) -> list[str]:
 
 
 def write(run_dir: Path, result: dict, kv) -> list[Path]:
+    """Write sensitivity.json, the recommended kv option (beside them and under conf/kv/), the heatmap (when matplotlib
+    is there) and sensitivity.md; returns the paths written."""
     run_dir.mkdir(parents=True, exist_ok=True)
     result = dict(result, next_commands=next_commands(result, run_dir), kv_option=display_path(run_dir / KV_FILE))
     text = kv_option_yaml(result, kv)
@@ -82,6 +86,8 @@ def _finite(obj):
 
 
 def heatmap(path: Path, result: dict) -> None:
+    """Draw the layer x position-bucket heatmap of KL(bf16 || only this layer FP8) to `path` (log colour scale;
+    recommended layers starred)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -114,6 +120,8 @@ def _g(x) -> str:
 
 
 def markdown(result: dict) -> str:
+    """The text of sensitivity.md: summary of full FP8 and the recommended skip list, the commands to evaluate it, and
+    the ranked per-layer table."""
     r = result
     rows = []
     by_index = {d["index"]: d for d in r["layers"]}

@@ -71,10 +71,13 @@ class Passes:
         return dataclasses.replace(self.arm, skip_layers=tuple(str(x) for x in skip))
 
     def only(self, layer: int) -> KVPolicy:
+        """The policy with only `layer` in FP8 (every other layer kept in BF16)."""
         return self.fp8_policy([i for i in range(self.n_layers) if i != layer])
 
     # --- passes -----------------------------------------------------------------------------------------
     def passages(self, documents: int, lengths: list[int]) -> list[Passage]:
+        """`documents` passages of each of `lengths` tokens, tokenized with the model's tokenizer (SensitivityError when
+        the books cannot provide them)."""
         try:
             return passages(self.tokenizer, sorted(set(int(n) for n in lengths)), documents)
         except ValueError as e:
@@ -90,6 +93,7 @@ class Passes:
             self.engine._policy = own
 
     def logits(self, hidden: np.ndarray):
+        """Logits of a slice of final hidden states (the model's lm_head, soft-capping included)."""
         return sources.logits_from_hidden(self.engine, hidden)
 
     def check_head(self, ids) -> None:
@@ -121,6 +125,7 @@ class Baseline:
         self._slices: dict[int, object] = {}
 
     def slice(self, start: int):
+        """The BF16 logits of positions start..start+step, from memory when kept, else made again."""
         if start in self._slices:
             return self._slices[start]
         logits = self.passes.logits(self.hidden[start:start + self.step])
@@ -129,6 +134,7 @@ class Baseline:
         return logits
 
     def release(self) -> None:
+        """Drop the kept logit slices."""
         self._slices.clear()
 
 

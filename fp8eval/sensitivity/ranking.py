@@ -26,6 +26,8 @@ def rank(scores: dict[int, float], tiebreak: dict[int, float] | None = None) -> 
 
 
 def predicted_share(scores: dict[int, float], chosen: list[int]) -> float:
+    """The share of the full-FP8 divergence that keeping `chosen` in BF16 removes under the additive model (0.0 when the
+    scores sum to 0)."""
     total = sum(scores.values())
     return sum(scores[i] for i in chosen) / total if total > 0 else 0.0
 

@@ -28,9 +28,12 @@ class Cost:
 
     @property
     def total(self) -> int:
+        """Prefill passes of the run without refinement: per passage, per_unit plus one to re-measure the recommended
+        skip list."""
         return self.n_units * (self.per_unit + 1)
 
     def line(self, lengths: list[int], documents: int) -> str:
+        """One line that tells the user what the run costs: passes per passage, passages and the total."""
         return (f"sensitivity: {self.n_layers} layers -> forward passes = 2 x {self.n_layers} + 2 = "
                 f"{2 * self.n_layers + 2}{' + 1 (sliding-window layers in BF16)' if self.hybrid else ''} per "
                 f"document and length, + 1 to re-measure the recommended skip list (+ up to {self.refine} more "

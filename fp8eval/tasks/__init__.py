@@ -21,6 +21,7 @@ REGISTRY: dict[str, str] = {
 
 
 def task_class(name: str) -> type["Task"]:
+    """The Task class registered under `name`, importing its module now (KeyError listing the valid names)."""
     if name not in REGISTRY:
         raise KeyError(f"unknown task {name!r}; valid tasks: {', '.join(sorted(REGISTRY))}")
     module, _, cls = REGISTRY[name].partition(":")
@@ -28,4 +29,5 @@ def task_class(name: str) -> type["Task"]:
 
 
 def task_config_classes() -> dict[str, type]:
+    """{task name: its config dataclass} for every registered task (imports every task module)."""
     return {name: task_class(name).config_class for name in REGISTRY}

@@ -53,9 +53,11 @@ class Task:
 
     # --- to implement -------------------------------------------------------------------------
     def samples(self) -> Sequence[Sample]:
+        """Every sample of the task, in a fixed order (the data selection the config asks for)."""
         raise NotImplementedError
 
     def prompt(self, sample: Sample, repeat: int) -> Prompt:
+        """The prompt of one (sample, repeat); raises SkipSample when the sample cannot be posed to this model."""
         raise NotImplementedError
 
     def score(self, sample: Sample, completion: str, repeat: int = 0) -> Score:

@@ -31,6 +31,7 @@ class LiveCodeBenchConfig(TaskConfig):
 
 
 def release_files(version_tag: str) -> list[str]:
+    """The dataset's JSONL files that make up a release tag: release_vN is test.jsonl, test2.jsonl, ..., testN.jsonl."""
     n = int(version_tag.removeprefix("release_v"))
     return ["test.jsonl"] + [f"test{i}.jsonl" for i in range(2, n + 1)]
 

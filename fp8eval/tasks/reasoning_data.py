@@ -43,6 +43,8 @@ def resolve(path: str) -> Path:
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of one data file (.jsonl, .jsonl.gz, .json, .csv or .parquet) as dicts; ValueError for any other
+    type."""
     suffix = "".join(path.suffixes[-2:]) if path.suffix == ".gz" else path.suffix
     if suffix in (".jsonl", ".jsonl.gz"):
         import gzip
@@ -65,6 +67,8 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def load_local(data_files: Sequence[str]) -> list[dict[str, Any]]:
+    """The rows of every file in `data_files`, in order (paths as resolve() reads them; FileNotFoundError when one is
+    missing)."""
     rows: list[dict[str, Any]] = []
     for name in data_files:
         path = resolve(name)
@@ -75,6 +79,8 @@ def load_local(data_files: Sequence[str]) -> list[dict[str, Any]]:
 
 
 def load_hub(task: str, dataset: str, config: str | None, split: str, revision: str | None) -> list[dict]:
+    """A dataset split's rows from the Hugging Face hub; DataUnavailable, with the advice to pass local files, when
+    `datasets` is missing or the load fails."""
     hint = (
         f"Pass local files instead, e.g. `task.data_files=[path/to/{task}.jsonl]` "
         "(jsonl, json, csv or parquet with the dataset's columns)."
@@ -119,6 +125,7 @@ def hub_file(task: str, repo: str, filename: str, revision: str | None) -> Path:
 
 
 def first(row: dict, *keys: str, default: Any = None) -> Any:
+    """The value of the first of `keys` that the row has, neither None nor '', else `default`."""
     for k in keys:
         if k in row and row[k] is not None and row[k] != "":
             return row[k]
@@ -132,6 +139,7 @@ def render(template: str, **fields: str) -> str:
 
 
 def task_dir(name: str) -> Path:
+    """The task's data folder (templates, local data) under TASK_DATA_ROOT."""
     return TASK_DATA_ROOT / name
 
 
@@ -148,6 +156,7 @@ def template_path(task: str, filename: str = "prompt.txt") -> Path:
 
 
 def read_template(task: str, filename: str = "prompt.txt") -> str:
+    """The text of a task's prompt template (see template_path)."""
     with open(template_path(task, filename), encoding="utf-8") as f:
         return f.read()
 
@@ -162,6 +171,7 @@ def templates_hash(task: str) -> dict[str, str]:
 
 
 def data_files_hash(data_files: Sequence[str] | None) -> dict[str, str] | None:
+    """{name: sha256} of the local data files, or None when there are none (part of the fingerprint)."""
     if not data_files:
         return None
     return {name: file_sha256(resolve(name)) for name in data_files}

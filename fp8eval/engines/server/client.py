@@ -64,9 +64,12 @@ class Endpoint:
     token_ids: bool = False  # ask vLLM for return_token_ids
 
     def headers(self) -> dict[str, str]:
+        """The HTTP headers of every request (bearer API key)."""
         return {"Authorization": f"Bearer {self.api_key}"}
 
     def backoff(self, attempt: int) -> float:
+        """Seconds to wait before retry `attempt`: exponential from backoff_s, capped at backoff_cap_s, with 50-100%
+        jitter."""
         return min(self.backoff_cap_s, self.backoff_s * 2 ** attempt) * (0.5 + random.random() / 2)
 
     async def attempt(self, http, req: Request) -> Completion:

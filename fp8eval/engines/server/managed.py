@@ -17,6 +17,7 @@ SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
 
 def free_loopback_port() -> int:
+    """A TCP port on 127.0.0.1 that is free right now (the OS picks it), for a managed server."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -25,6 +25,7 @@ VOLATILE_CACHE_LABELS = {"num_gpu_blocks", "num_cpu_blocks", "engine", "kv_cache
 
 
 def cache_config_info_line(metrics_text: str) -> str | None:
+    """The `vllm:cache_config_info{...}` line of a /metrics text, or None when the server does not export it."""
     return next((ln for ln in metrics_text.splitlines() if ln.startswith("vllm:cache_config_info{")), None)
 
 

@@ -15,6 +15,7 @@ VLLM_PYTHON_ENV = "FP8EVAL_VLLM_PYTHON"
 
 
 def vllm_python() -> str:
+    """The interpreter that runs vLLM: $FP8EVAL_VLLM_PYTHON, else this one."""
     return os.environ.get(VLLM_PYTHON_ENV) or sys.executable
 
 

@@ -81,15 +81,19 @@ class ChildProcess:
             _LIVE.add(self)
 
     def alive(self) -> bool:
+        """Whether the process is still running."""
         return self.proc.poll() is None
 
     def log_text(self) -> str:
+        """The process's log so far ('' when it cannot be read)."""
         try:
             return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
 
     def stop(self, grace_s: float = 15.0) -> None:
+        """Stop the whole process group (SIGTERM, then SIGKILL after `grace_s`), close the pipes and the log. Safe to
+        call twice."""
         if self.proc.poll() is None:
             for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
                 try:
@@ -145,6 +149,8 @@ def child_env(threads: int | None = None) -> dict[str, str]:
 
 
 def wait_until(predicate, timeout_s: float, interval_s: float = 0.5, alive=None) -> bool:
+    """Poll `predicate` every `interval_s` until it is true (True), `timeout_s` passes or `alive()` turns false
+    (False)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if predicate():

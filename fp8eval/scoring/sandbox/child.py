@@ -247,12 +247,15 @@ class OfficialStdin:
         self.buffer = _OfficialBuffer(inputs)
 
     def read(self, *args):
+        """The whole input, every time (as the official runner's stand-in)."""
         return self._inputs
 
     def readline(self, *args):
+        """The next line of the input."""
         return self._io.readline(*args)
 
     def readlines(self, *args):
+        """The input split at newlines, without line endings (as the official runner's stand-in)."""
         return self._inputs.split("\n")
 
     def __getattr__(self, name):

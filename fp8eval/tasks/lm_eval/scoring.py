@@ -54,6 +54,7 @@ def prompt(instances: list, chat: bool) -> Prompt:
 
 
 def filter_names(task) -> list[str]:
+    """The names of an lm-eval task's filters, in order."""
     return [f.name for f in task._filters]
 
 
@@ -77,6 +78,7 @@ def primary_key(task, metric: str | None, doc: Any = None, doc_groups: tuple[str
 
 
 def aggregation_name(task, metric: str) -> str:
+    """The name of the aggregation function an lm-eval task uses for `metric` (e.g. 'mean')."""
     fn = task.aggregation().get(metric)
     return getattr(fn, "__name__", str(fn))
 

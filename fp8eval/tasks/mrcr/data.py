@@ -91,6 +91,7 @@ class RowReader:
         self._next = 0  # index in the group of the row the iterator yields next
 
     def read(self, ref: RowRef) -> dict:
+        """The row at `ref` (a JSONL line by byte offset, or a parquet row by row group and index)."""
         path = self.files[ref.file]
         if not _is_parquet(path):
             with open(path, "rb") as f:
@@ -111,6 +112,7 @@ class RowReader:
 
 
 def row_id(n_needles: int, prompt: str, answer: str) -> str:
+    """A sample id from the needle count and the hash of prompt and answer: '<n>n-<16 hex digits>'."""
     h = hashlib.sha256()
     h.update(prompt.encode("utf-8"))
     h.update(b"\x00")
@@ -215,14 +217,18 @@ def _check_columns(path: Path, row: dict) -> None:
 
 
 def files_sha256(files: list[Path]) -> list[str]:
+    """The sha256 of each file, in order."""
     return [file_sha256(p) for p in files]
 
 
 def tokenizer_identity() -> dict:
+    """How the default token counts are made (o200k_base, encode_ordinary over the message contents); part of the
+    manifest's key."""
     return {"encoding": ENCODING_NAME, "counted": "sum of encode_ordinary(message content)"}
 
 
 def manifest_path(manifest_dir: Path, key: dict) -> Path:
+    """Where the manifest of this key lives: mrcr-<hash of the key's JSON>.json in `manifest_dir`."""
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:20]
     return manifest_dir / f"mrcr-{digest}.json"
 

@@ -26,6 +26,7 @@ _LOCK = threading.Lock()
 
 
 def cache_dir() -> Path:
+    """Where the decompressed o200k_base rank file is kept (the tiktoken folder of the fp8eval cache)."""
     return cache_root() / "tiktoken"
 
 
@@ -83,6 +84,7 @@ def o200k_encoding():
 
 
 def count_tokens(text: str) -> int:
+    """The number of o200k_base tokens of `text` (special-token strings count as ordinary text)."""
     # encode_ordinary: same ids as the card's enc.encode() on any text without special-token strings,
     # and no exception on text that contains one
     return len(o200k_encoding().encode_ordinary(text))

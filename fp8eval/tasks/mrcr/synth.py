@@ -60,6 +60,7 @@ _END = re.compile(r"^\*\*\* ?END OF.*$", re.MULTILINE)
 
 
 def book_body(path: Path) -> str:
+    """A Project Gutenberg book's text between its START and END markers (ValueError without them)."""
     text = path.read_text(encoding="utf-8-sig").replace("\r\n", "\n")
     start, end = _START.search(text), _END.search(text)
     if start is None or end is None:
@@ -79,11 +80,14 @@ def load_paragraphs(haystack_dir: Path) -> list[str]:
 
 
 def ordinal(k: int) -> str:
+    """1 -> '1st', 2 -> '2nd', 11 -> '11th', ..."""
     suffix = "th" if 10 <= k % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(k % 10, "th")
     return f"{k}{suffix}"
 
 
 def final_ask(hash_: str, k: int, form: str, topic: str) -> str:
+    """The last user message of a synthetic conversation, worded as MRCR's: prepend `hash_` to the k-th `form` about
+    `topic`."""
     return (
         f"Prepend {hash_} to the {ordinal(k)} (1 indexed) {form} about {topic}. "
         "Do not include any other text in your response."

@@ -72,6 +72,7 @@ def _check_config(cfg: MrcrConfig) -> None:
 
 
 def selected_buckets(cfg: MrcrConfig) -> list[str]:
+    """The MRCR length buckets the config selects (task.buckets, capped at task.max_bucket), in MRCR_LABELS order."""
     labels = [b for b in MRCR_LABELS if cfg.buckets is None or b in cfg.buckets]
     if cfg.max_bucket:
         labels = [b for b in labels if MRCR_LABELS.index(b) <= MRCR_LABELS.index(cfg.max_bucket)]
@@ -79,6 +80,8 @@ def selected_buckets(cfg: MrcrConfig) -> list[str]:
 
 
 def group_labels(bucket: str, n_needles: int, several_needle_counts: bool) -> tuple[str, ...]:
+    """A sample's groups: its bucket, plus its needle count and needle count/bucket when the run mixes several needle
+    counts."""
     if not several_needle_counts:
         return (bucket,)
     return (bucket, f"{n_needles}needle", f"{n_needles}needle/{bucket}")
@@ -295,6 +298,8 @@ class MrcrTask(Task):
 
 
 def bucket_table(records: list[dict], bucket_of_record) -> dict[str, dict]:
+    """Per MRCR bucket with records: score, stderr and the counts of scored, skipped and errored records;
+    `bucket_of_record(r)` gives a record's bucket."""
     table: dict[str, dict] = {}
     for label in MRCR_LABELS:
         mine = [r for r in records if bucket_of_record(r) == label]

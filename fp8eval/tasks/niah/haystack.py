@@ -28,6 +28,8 @@ _END = re.compile(r"^\*\*\* ?END OF.*$", re.MULTILINE)
 
 @lru_cache(maxsize=None)
 def book_body(path: str) -> str:
+    """A Project Gutenberg book's text between its START and END markers, hard wraps joined into paragraphs (cached;
+    ValueError without the markers)."""
     text = Path(path).read_text(encoding="utf-8-sig").replace("\r\n", "\n")
     start, end = _START.search(text), _END.search(text)
     if not start or not end:
