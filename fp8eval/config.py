@@ -182,3 +182,22 @@ class RunConfig:
     # Print the plan (GPUs, requests, prefill tokens, GPU-hours) and exit 0 without loading a model.
     dry_run: bool = False
     plan: PlanConfig = field(default_factory=PlanConfig)
+
+
+@dataclass
+class EngineGroupsConfig:
+    """What every CLI that builds engines composes besides its own settings: the model, kv and engine
+    groups (divergence, sensitivity, perf)."""
+
+    model: ModelConfig = MISSING
+    kv: KVConfig = MISSING
+    engine: EngineConfig = MISSING
+
+
+@dataclass
+class PairedCliConfig(EngineGroupsConfig):
+    """EngineGroupsConfig plus the kv option the variant is compared with ("P" of KL(P || Q) for the
+    divergence probe), as `python -m fp8eval` pairs arms."""
+
+    baseline: str = "bf16"
+

@@ -4,9 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from omegaconf import MISSING
-
-from fp8eval.config import EngineConfig, KVConfig, ModelConfig
+from fp8eval.config import PairedCliConfig
 from fp8eval.divergence.measures import DEFAULT_EDGES
 
 
@@ -24,13 +22,8 @@ class DivergenceConfig:
 
 
 @dataclass
-class DivergenceRunConfig:
-    model: ModelConfig = MISSING
-    kv: KVConfig = MISSING
-    engine: EngineConfig = MISSING
+class DivergenceRunConfig(PairedCliConfig):
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
-    # kv option the variant is compared with (its distributions are the "P" of KL(P || Q)).
-    baseline: str = "bf16"
     # Per-arm, per-passage results are kept under <records_dir>/divergence/ (resumable).
     records_dir: str = "outputs/records"
     seed: int = 1234  # unused by prefill; engines read it

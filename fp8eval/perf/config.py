@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import MISSING
 
-from fp8eval.config import EngineConfig, KVConfig, ModelConfig
+from fp8eval.config import EngineGroupsConfig
 from fp8eval.registry import register_configs as register_run_configs
 
 
@@ -48,10 +47,7 @@ class PerfSettings:
 
 
 @dataclass
-class PerfRunConfig:
-    model: ModelConfig = MISSING
-    kv: KVConfig = MISSING
-    engine: EngineConfig = MISSING
+class PerfRunConfig(EngineGroupsConfig):
     perf: PerfSettings = field(default_factory=PerfSettings)
     seed: int = 1234
     baseline: str = "bf16"

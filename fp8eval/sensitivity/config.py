@@ -5,9 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from omegaconf import MISSING
-
-from fp8eval.config import EngineConfig, KVConfig, ModelConfig
+from fp8eval.config import PairedCliConfig
 from fp8eval.divergence.measures import DEFAULT_EDGES
 
 RANK_BY = ("only_this", "all_but_this")
@@ -38,13 +36,8 @@ class SensitivityConfig:
 
 
 @dataclass
-class SensitivityRunConfig:
-    model: ModelConfig = MISSING
-    kv: KVConfig = MISSING
-    engine: EngineConfig = MISSING
+class SensitivityRunConfig(PairedCliConfig):
     sensitivity: SensitivityConfig = field(default_factory=SensitivityConfig)
-    # The kv option every configuration is compared with (as `python -m fp8eval` pairs arms).
-    baseline: str = "bf16"
 
 
 def validate(s: SensitivityConfig) -> list[str]:
