@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import json
 import time
-from pathlib import Path
 
 import pytest
-from conftest import run_cli, run_inprocess
+from conftest import last_path, run_cli, run_inprocess
 
 from fp8eval import shard as shards
 
@@ -70,7 +69,7 @@ def test_submitit_local_four_shards_in_parallel(tmp_path):
                        "hydra.launcher.timeout_min=5", f"hydra.sweep.dir={sweep}"])
     done = sorted(p.name for p in (tmp_path / "records" / "niah").glob("*.done"))
     assert len(done) == 8, done  # 4 shards x 2 arms
-    merged = json.loads((Path(run_cli(tmp_path, ARGS).stdout.strip().splitlines()[-1]) / "summary.json").read_text())
+    merged = json.loads((last_path(run_cli(tmp_path, ARGS)) / "summary.json").read_text())
     single = run_inprocess(tmp_path / "single", ARGS)
     assert merged["arms"]["fp8"]["requests_sent"] == 0
     assert stable(merged) == stable(single)
