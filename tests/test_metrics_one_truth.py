@@ -78,3 +78,21 @@ def test_recovery_of_is_none_for_a_zero_baseline():
     assert recovery_of([(0.0, 1.0)]) is None
     assert recovery_of([]) is None
     assert recovery_of([(1.0, 0.5), (1.0, 1.0)]) == 75.0
+
+
+def test_report_says_when_a_store_holds_more_than_the_run(tmp_path):
+    """A smaller grid reuses a larger grid's store: its summary counts its own keys, the report reads the
+    whole store, and the report says so instead of disagreeing silently."""
+    from fp8eval.report.build import _store_wider_than_run
+
+    run_inprocess(tmp_path, RUN, "big")
+    small = run_inprocess(tmp_path, [a for a in RUN if not a.startswith("task.depths")] + ["task.depths=[0]"], "small")
+    run_dir = tmp_path / "small"
+    (run_dir / ".hydra").mkdir(parents=True, exist_ok=True)
+    (run_dir / ".hydra" / "config.yaml").write_text(
+        "model: {name: smollm2-135m}\ntask: {name: niah}\nkv: {name: fp8}\nbaseline: bf16\nseed: 1234\n"
+        f"records_dir: {tmp_path / 'records'}\n")
+    assert small["arms"]["fp8"]["n_records"] == 2 * 2
+    runs, _ = load_runs([run_dir])
+    notes = _store_wider_than_run(runs)
+    assert len(notes) == 2 and "holds 12 records" in notes[0] and "counts 4" in notes[0]

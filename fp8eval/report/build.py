@@ -37,6 +37,7 @@ def build_report(paths: list[Path], out: Path, *, n_boot: int, level: float, see
     runs, arms = load_runs(paths)
     pairs, refused = analysis.build_pairs(runs, strict=strict)
     table, notes = analysis.recovery_table(pairs, settings)
+    notes = _store_wider_than_run(runs) + notes
     table = verdicts.add_verdicts(table, th, level)
     headline = verdicts.headline_rows(table)
     sign_tests = [s for s in (verdicts.bucket_sign_test(p, th) for p in
@@ -75,3 +76,19 @@ def build_report(paths: list[Path], out: Path, *, n_boot: int, level: float, see
         "refused": refused, "notes": notes,
     }), indent=2, default=str) + "\n", encoding="utf-8")
     return out
+
+
+def _store_wider_than_run(runs) -> list[str]:
+    """The report reads every record of an arm's store; a run's summary.json counts only its own plan's
+    (sample, repeat) keys. Where a store holds more (a larger grid or more repeats run into the same records
+    dir), say so: the two then describe different sets of samples, never silently."""
+    notes = []
+    for run in runs:
+        for kv, arm in run.arms.items():
+            counted = (run.summary.get("arms") or {}).get(kv, {}).get("n_records")
+            if isinstance(counted, int) and counted != len(arm.records):
+                notes.append(f"{run.run_dir.name}: arm {kv} holds {len(arm.records)} records in its store but this"
+                             f" run's summary.json counts {counted} (its own grid and repeats); the report's"
+                             f" numbers for this arm use all {len(arm.records)}.")
+    return notes
+
