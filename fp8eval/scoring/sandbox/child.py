@@ -98,8 +98,18 @@ def _setup_mounts(cfg: dict) -> str | None:
     if not _mount(None, "/", None, _MS_REC | _MS_PRIVATE):
         return None
     tmp_opts = f"size={TMPFS_SIZE},mode=1777"
+    # Python itself may live under /tmp (a checkout or venv there): hold those directories open and bind
+    # them back into the private /tmp, so the program imports what the harness's Python has.
+    under_tmp = [(k, os.open(k, os.O_RDONLY | os.O_DIRECTORY)) for k in cfg["keep"]
+                 if os.path.isdir(k) and _under(k, "/tmp")]
     if not _mount("tmpfs", "/tmp", "tmpfs", _MS_NOSUID | _MS_NODEV, tmp_opts):
+        for _, fd in under_tmp:
+            os.close(fd)
         return None
+    for keep, fd in under_tmp:
+        os.makedirs(keep, mode=0o755, exist_ok=True)
+        _mount(f"/proc/self/fd/{fd}", keep, None, _MS_BIND | _MS_REC)
+        os.close(fd)
     for extra in ("/var/tmp", "/dev/shm"):
         if os.path.isdir(extra):
             _mount("tmpfs", extra, "tmpfs", _MS_NOSUID | _MS_NODEV, tmp_opts)
