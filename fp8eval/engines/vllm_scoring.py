@@ -93,18 +93,17 @@ def continuation_score(tokens: list[int], ctxlen: int, prompt_logprobs: list) ->
 def server_loglikelihood(engine, requests: Iterable[Request]) -> Iterator[Completion]:
     """One /tokenize pair and one echo completion per (context, continuation), sequentially: scoring
     requests are single forward passes, far cheaper than the generation they accompany."""
-    client, root = engine._client(), engine.root
     prefix: list[int | None] = []
 
     def tokenize(text: str) -> list[int]:
-        r = _post(engine, client, root + "/tokenize", {"model": engine.model_id, "prompt": text,
-                                                       "add_special_tokens": False})
+        r = engine.post_json("/tokenize", {"model": engine.model_id, "prompt": text, "add_special_tokens": False},
+                             _refused)
         return [int(t) for t in r["tokens"]]
 
     def bos() -> int | None:
         if not prefix:  # the server's BOS (else EOS) id: what a template-free tokenisation of "" adds
-            r = _post(engine, client, root + "/tokenize", {"model": engine.model_id, "prompt": "",
-                                                           "add_special_tokens": True})
+            r = engine.post_json("/tokenize", {"model": engine.model_id, "prompt": "", "add_special_tokens": True},
+                                 _refused)
             prefix.append(int(r["tokens"][0]) if r.get("tokens") else None)
         return prefix[0]
 
@@ -121,7 +120,7 @@ def server_loglikelihood(engine, requests: Iterable[Request]) -> Iterator[Comple
                 continue
             body = {"model": engine.model_id, "prompt": ctx + cont, "max_tokens": 1, "temperature": 0,
                     "logprobs": 1, "echo": True}
-            lp = _post(engine, client, root + "/v1/completions", body)["choices"][0]["logprobs"]
+            lp = engine.post_json("/v1/completions", body, _refused)["choices"][0]["logprobs"]
             pairs.append(echo_score(lp, len(ctx), len(cont)))
         yield ll.completion(req, pairs, n_tokens, time.monotonic() - t0, None)
 
@@ -139,20 +138,7 @@ def echo_score(logprobs: dict[str, Any], ctxlen: int, n_cont: int) -> tuple[floa
     return total, greedy
 
 
-def _post(engine, client, url: str, body: dict) -> dict:
-    import httpx
+def _refused(status: int, text: str) -> str:
+    return (f"the server refused a scoring request: HTTP {status} {text}. Loglikelihood needs a vLLM server "
+            "(/tokenize, echo with logprobs).")
 
-    last = ""
-    for attempt in range(engine.max_retries + 1):
-        try:
-            r = client.post(url, json=body)
-            if r.status_code == 200:
-                return r.json()
-            if r.status_code < 500:
-                raise EngineError(f"{url} refused a scoring request: HTTP {r.status_code} {r.text[:300]}. "
-                                  f"Loglikelihood needs a vLLM server (/tokenize, echo with logprobs).")
-            last = f"HTTP {r.status_code}"
-        except httpx.HTTPError as exc:
-            last = f"{type(exc).__name__}: {exc}"
-        time.sleep(engine._backoff(attempt))
-    raise EngineError(f"{url} failed {engine.max_retries + 1} times ({last}); records so far are kept.")

@@ -20,7 +20,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from fp8eval.core.secrets import redact
@@ -110,7 +110,6 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
         return int(value)
 
     def count_prompt_tokens(self, request: Request) -> int:
-        import httpx
 
         if request.prompt_text is not None:
             body: dict[str, Any] = {"model": self.model_id, "prompt": request.prompt_text}
@@ -119,25 +118,34 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
                     "add_generation_prompt": True}
             if request.chat_template_kwargs:
                 body["chat_template_kwargs"] = dict(request.chat_template_kwargs)
+
+        def refused(status: int, text: str) -> str:
+            if status == 404:
+                return (f"The server at {redact(self.root)} has no /tokenize endpoint (not vLLM?), so prompt "
+                        "lengths cannot be counted with its tokenizer; fp8eval never truncates, so it "
+                        "needs them. Use a vLLM server.")
+            return f"/tokenize refused request {request.id}: HTTP {status} {text}"
+
+        return int(self.post_json("/tokenize", body, refused)["count"])
+
+    def post_json(self, path: str, body: dict, refused: Callable[[int, str], str]) -> dict:
+        """POST `body` to the server's `path` and return the JSON answer: a 5xx or a connection error is
+        retried (max_retries, backoff); a 4xx raises EngineError with `refused(status, text)` as the message."""
+        import httpx
+
         last = None
         for attempt in range(self.max_retries + 1):
             try:
-                r = self._client().post(self.root + "/tokenize", json=body)
+                r = self._client().post(self.root + path, json=body)
                 if r.status_code == 200:
-                    return int(r.json()["count"])
-                if r.status_code == 404:
-                    raise EngineError(
-                        f"The server at {redact(self.root)} has no /tokenize endpoint (not vLLM?), so prompt "
-                        "lengths cannot be counted with its tokenizer; fp8eval never truncates, so it "
-                        "needs them. Use a vLLM server.")
+                    return r.json()
                 if r.status_code < 500:
-                    raise EngineError(f"/tokenize refused request {request.id}: HTTP {r.status_code} "
-                                      f"{redact(r.text[:300])}")
+                    raise EngineError(refused(r.status_code, redact(r.text[:300])))
                 last = f"HTTP {r.status_code}"
             except httpx.HTTPError as exc:
                 last = f"{type(exc).__name__}: {redact(exc)}"
             time.sleep(self._backoff(attempt))
-        raise EngineError(f"/tokenize failed {self.max_retries + 1} times ({last}); records so far are kept.")
+        raise EngineError(f"{path} failed {self.max_retries + 1} times ({last}); records so far are kept.")
 
     def _backoff(self, attempt: int) -> float:
         return self.endpoint().backoff(attempt)
