@@ -76,15 +76,19 @@ KV_EMULATION_DEFAULTS = {"attention": "kv_only", "accumulation": "exact"}
 _BF16_CACHE = ("auto", "bfloat16", "bf16", "float16", "half")
 
 
+def emulation_in_effect(knobs: dict, cache_dtype: str) -> dict:
+    """The emulation knobs (attention, accumulation) among `knobs` that change a number: none on an arm
+    without an FP8 cache (the reference engine emulates FP8 attention only on FP8 layers, so a BF16
+    baseline never depends on them), and none at their pre-knob values (so older records keep theirs)."""
+    if str(cache_dtype) in _BF16_CACHE:
+        return {}
+    return {k: knobs[k] for k, legacy in KV_EMULATION_DEFAULTS.items() if k in knobs and knobs[k] != legacy}
+
+
 def kv_fingerprint_view(kv: dict) -> dict:
-    """A kv option's dict as fingerprints see it: the emulation knobs dropped where they change nothing,
-    i.e. at their pre-knob values, or on an arm without an FP8 cache (the reference engine emulates FP8
-    attention only on FP8 layers), so a BF16 baseline's fingerprint never depends on them."""
-    out = dict(kv)
-    cache = str((out.get("engine_args") or {}).get("kv_cache_dtype", "auto"))
-    for k, legacy in KV_EMULATION_DEFAULTS.items():
-        if k in out and (out[k] == legacy or cache in _BF16_CACHE):
-            out.pop(k)
+    """A kv option's dict as fingerprints see it: the emulation knobs only where they change a number."""
+    out = {k: v for k, v in kv.items() if k not in KV_EMULATION_DEFAULTS}
+    out.update(emulation_in_effect(kv, (kv.get("engine_args") or {}).get("kv_cache_dtype", "auto")))
     return out
 # The reference engine's FP8 attention emulations (fp8eval/engines/attention_emulation.py).
 ATTENTION_MODES = ("kv_only", "fa3_fp8", "qp_unit_scale")

@@ -56,9 +56,3 @@ def prepare_offline() -> str | None:
             os.environ.setdefault(var, "1")
     return reason
 
-
-def offline_advice(what: str) -> str:
-    """The user-facing sentence for something that needs the hub while it is unreachable."""
-    return (f"{what} needs the Hugging Face hub, which is not reachable here ({offline_reason()}). Download it "
-            "on a connected machine into the Hugging Face cache (or a local directory, then point the config at "
-            "that path), or run where the hub is reachable.")

@@ -17,7 +17,7 @@ from fp8eval.config import (
     KV_EMULATION_DEFAULTS,
     KVConfig,
     RunConfig,
-    kv_fingerprint_view,
+    emulation_in_effect,
 )
 from fp8eval.core.hub import known_offline_reason
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
@@ -93,10 +93,9 @@ class ReferenceEngine:
                    "skip_layers": list(self.skip_layers),
                    "scales_source": self.kv.scales, "scales_sha256": self._scales.sha256 if self._scales else None,
                    "scale_strategy": self.kv.scale_strategy, "quantize_attention": self.kv.quantize_attention,
-                   # only when not the defaults: records made before these knobs keep their fingerprint
-                   **{k: getattr(self.kv, k) for k in KV_EMULATION_DEFAULTS
-                      if k in kv_fingerprint_view({k: getattr(self.kv, k),
-                                                   "engine_args": {"kv_cache_dtype": self.cache_dtype}})}},
+                   # only where they change a number: records made before these knobs keep their fingerprint
+                   **emulation_in_effect({k: getattr(self.kv, k) for k in KV_EMULATION_DEFAULTS},
+                                         self.cache_dtype)},
             "engine_args": dict(e.engine_args),
         }
 

@@ -8,9 +8,9 @@ from typing import Sequence
 from fp8eval.metrics import stats
 from fp8eval.metrics.groups import label_sort_key
 from fp8eval.metrics.pairing import Paired, pair_records, recovery
-from fp8eval.metrics.select import DONE_STATUSES, is_scored, one_per_key
+from fp8eval.metrics.select import is_scored, one_per_key
 
-__all__ = ["DONE_STATUSES", "arm_summary", "mean_of", "paired_recovery", "score_stderr", "select"]
+__all__ = ["arm_summary", "mean_of", "paired_recovery", "score_stderr"]
 
 
 def mean_of(xs: Sequence[float]) -> float | None:
@@ -28,13 +28,6 @@ def score_stderr(records: Sequence[dict]) -> tuple[float | None, float | None]:
     scores = [float(r["score"]) for r in scored]
     err = stats.stderr_of_scores([r.get("sample_id") for r in scored], [int(r.get("repeat", 0)) for r in scored], scores)
     return mean_of(scores), (None if math.isnan(err) else err)
-
-
-def select(records: Sequence[dict], keys: set[tuple[str, int]] | None) -> list[dict]:
-    """One record per (sample, repeat) (`select.one_per_key`), restricted to this run's keys (a store may
-    hold more from larger runs)."""
-    kept, _ = one_per_key(records)
-    return [r for r in kept if keys is None or (str(r["sample_id"]), int(r["repeat"])) in keys]
 
 
 def arm_summary(records: Sequence[dict]) -> dict:
