@@ -19,6 +19,7 @@ from fp8eval.calibrate.config import CalibrationError
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.paths import CONF_DIR, display_path
 from fp8eval.core.secrets import redact_files
+from fp8eval.core.signals import exit_on_sigterm, interrupt_exit_code
 from fp8eval.overrides import check_overrides, free_dict_overrides
 from fp8eval.registry import register_configs
 from fp8eval.report import write_report
@@ -66,6 +67,11 @@ def _run_one(typed, run_dir: Path) -> dict:
     summary = Runner(typed, run_dir).run()
     print()
     print(format_table(summary))
+    unscored = [f"kv={n} ({a.get('n_errors')} errors, {a.get('n_skipped')} skipped of {a.get('n_records')} records)"
+                for n, a in summary["arms"].items() if not a.get("n_scored")]
+    if unscored:
+        raise Fp8evalError(f"no scored sample in {'; '.join(unscored)}: there is no score to compare "
+                           f"(summary.json written in {display_path(run_dir)}; errors are retried by a rerun)")
     return summary
 
 
@@ -99,12 +105,13 @@ def _write_report(run_dir: Path) -> None:
 
 
 if __name__ == "__main__":
+    exit_on_sigterm()  # SIGTERM behaves like Ctrl-C: one line, records kept (exit 143)
     check_overrides(sys.argv[1:])
     sys.argv[1:] = free_dict_overrides(sys.argv[1:])
     try:
         main()
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         # One line, not a traceback: every finished record is on disk, the rest is resent on the rerun.
         print("\nfp8eval: interrupted; finished records are kept, rerun the same command to resume",
               file=sys.stderr)
-        sys.exit(130)
+        sys.exit(interrupt_exit_code(exc))

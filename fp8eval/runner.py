@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import sys
 import time
 from datetime import datetime, timezone
@@ -17,6 +16,7 @@ import fp8eval.shard as shards
 from fp8eval.arms import ArmSpec, resolve_arms
 from fp8eval.config import RunConfig, SamplingConfig, kv_fingerprint_view
 from fp8eval.core.errors import Fp8evalError
+from fp8eval.core.jsonio import write_json
 from fp8eval.core.reasoning import split_reasoning
 from fp8eval.core.seeds import derive_seed
 from fp8eval.engines import build_engine
@@ -221,7 +221,7 @@ class Runner:
         kv = arm
         material = self.fingerprint_material(task, engine, arm)
         fp = fingerprint_hash(material)
-        store = ArmStore(self.records_root, task.name, fp, material).open()
+        store = ArmStore(self.records_root, task.name, fp, material, score_range=task.score_range).open()
         shard = shards.parse(self.cfg.shard)
         try:
             sent, view = self._fill_arm(store, fp, task, engine, kv, items, shard)
@@ -237,7 +237,7 @@ class Runner:
                   file=sys.stderr)
         summary = arm_summary(view.records)
         summary.update({"records": str(store.path), "fingerprint": fp, "requests_sent": sent,
-                        "n_ignored": view.ignored, "kv_name": kv.name,
+                        "n_ignored": view.ignored, "kv_name": kv.name, "records_io": store.io_summary(),
                         "engine": material["engine"].get("kind")})
         stats = engine.prefill_stats() if sent and hasattr(engine, "prefill_stats") else None
         if stats:  # this invocation's prefill work, from the engine's own counters
@@ -272,11 +272,12 @@ class Runner:
                 continue
             if waited_since is None:
                 waited_since = time.monotonic()
+                who = sorted({w for _, w in store.busy_owners((it.sample.id, it.repeat) for it in pending)})
                 print(f"note: {len(pending)} (sample, repeat) pairs of kv={kv.name} are being done by another "
-                      "fp8eval process; waiting for them (a dead process's claims are taken over)",
-                      file=sys.stderr)
+                      f"fp8eval process ({'; '.join(who) or 'unknown'}); waiting for them (a dead process's "
+                      "claims are taken over)", file=sys.stderr)
             time.sleep(self.claim_poll_s)
-        return sent, store.read(expected)
+        return sent, store.read(expected, durable=True)  # fsynced first: nothing counted can be lost
 
     def _do_items(self, store: ArmStore, fp: str, task: Task, engine, kv: ArmSpec,
                   pending: list[PlannedItem]) -> int:
@@ -370,9 +371,9 @@ class Runner:
 
     @staticmethod
     def _write(store: ArmStore, recs: list[dict]) -> int:
-        """Append, then release the claims: a key is never unclaimed before its record is on disk."""
+        """Append; the store's group commit releases the claims once an fsync covers the records (a key is
+        never unclaimed before its record is durable)."""
         store.append(recs)
-        store.release([(r["sample_id"], r["repeat"]) for r in recs])
         return len(recs)
 
     # --- the whole run ------------------------------------------------------------------------------------
@@ -432,8 +433,7 @@ class Runner:
                 summary["recovery"][key] = 100.0 * v / b if b and v is not None else None
         summary["wall_s"] = round(time.perf_counter() - t0, 2)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n",
-                                                   encoding="utf-8")
+        write_json(self.run_dir / "summary.json", summary)  # never NaN/inf; one line on a disk error
         return summary
 
 
@@ -454,8 +454,10 @@ def format_table(summary: dict) -> str:
         return f"{x:.1f}%" if pct else f"{x:.3f}"
 
     header = ["group"] + names + (["recovery"] if rec else [])
+    n_pairs = rec.get("n_pairs")
+    overall = fmt(rec.get("overall"), True) + (f" ({n_pairs} pairs)" if n_pairs is not None else "")
     rows = [["overall"] + [f"{fmt(arms[n]['score'])} ± {fmt(arms[n]['stderr'])}" for n in names]
-            + ([fmt(rec.get("overall"), True)] if rec else [])]
+            + ([overall] if rec else [])]
     for g in groups:
         rows.append([g] + [fmt(arms[n]["by_group"].get(g)) for n in names]
                     + ([fmt(rec.get("by_group", {}).get(g), True)] if rec else []))
@@ -469,4 +471,9 @@ def format_table(summary: dict) -> str:
         extra.append(f"{n}: n_samples={a['n_samples']} n_repeats={a['n_repeats']} skipped={a['n_skipped']} "
                      f"errors={a['n_errors']} length_cutoff={fmt(a['length_cutoff_rate'])} "
                      f"requests_sent={a['requests_sent']}")
+    if rec and n_pairs is not None and any(arms[n].get("n_scored") != n_pairs for n in names):
+        excluded = ", ".join(f"{k}={v}" for k, v in (rec.get("excluded") or {}).items())
+        own = ", ".join(f"{n}: {arms[n].get('n_scored')}" for n in names)
+        extra.append(f"recovery is over the {n_pairs} (sample, repeat) pairs scored in both arms; each arm's score "
+                     f"is over its own scored records ({own})" + (f"; pairs left out: {excluded}" if excluded else ""))
     return "\n".join(out + [""] + extra)

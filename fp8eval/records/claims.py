@@ -4,8 +4,11 @@ A claim is a small file created with O_CREAT|O_EXCL (atomic on local filesystems
 flock/O_APPEND there), holding the claiming writer's id. A writer registers itself in `writers/<id>.json`
 (host, pid, the pid's start time) and touches that file every `heartbeat_s` from a daemon thread. A claim
 is stale, and is taken over, when its writer is gone: on this host, its pid no longer runs (or runs another
-program: the start time differs); on another host, its heartbeat file is older than `stale_s` by the
-shared filesystem's own clock (our heartbeat's mtime), so clocks of different hosts never matter.
+program: the start time differs); on another host, its heartbeat is judged by age: its file's mtime against
+the shared filesystem's own clock (our heartbeat's mtime), stale after `stale_s`. A heartbeat dated more
+than `max_skew_s` in the future (a host with a skewed clock that set the time itself) is not trusted: such
+a writer counts as alive only while we see its heartbeat change, judged by our own monotonic clock, so it
+is taken over at most `stale_s` after its last beat, never waited on forever.
 
 Takeover of a stale claim is guarded by a marker file `<claim>.takeover-<dead writer>` created with
 O_EXCL, so of two writers finding the same stale claim only one takes it. (If a taker dies between the
@@ -46,8 +49,11 @@ def claim_name(sample_id: str, repeat: int) -> str:
 class Claims:
     """The claims directory of one arm, as seen by one writer."""
 
-    def __init__(self, directory: Path, stale_s: float = 600.0, heartbeat_s: float | None = None):
+    def __init__(self, directory: Path, stale_s: float = 600.0, heartbeat_s: float | None = None,
+                 max_skew_s: float = 60.0):
         self.dir = Path(directory)
+        self.max_skew_s = float(max_skew_s)
+        self._seen: dict[str, tuple[float, float]] = {}  # writer -> (heartbeat mtime, our monotonic time then)
         self.writers = self.dir / "writers"
         self.stale_s = float(stale_s)
         self.heartbeat_s = heartbeat_s if heartbeat_s is not None else max(1.0, self.stale_s / 4)
@@ -105,7 +111,24 @@ class Claims:
             now = self._writer_file(self.writer_id).stat().st_mtime  # the filesystem's clock
         except OSError:
             now = time.time()
-        return now - mtime < self.stale_s
+        age = now - mtime
+        if age >= -self.max_skew_s:
+            return age < self.stale_s
+        # Dated in the future beyond the skew bound: alive only while its heartbeat keeps changing.
+        seen, t = self._seen.get(writer_id), time.monotonic()
+        if seen is None or seen[0] != mtime:
+            self._seen[writer_id] = (mtime, t)
+            return True
+        return t - seen[1] < self.stale_s
+
+    def describe(self, writer_id: str) -> str:
+        """'host H pid P' of a writer (from its registration, else from its id)."""
+        try:
+            info = json.loads(self._writer_file(writer_id).read_text(encoding="utf-8"))
+            return f"host {info.get('host')} pid {info.get('pid')}"
+        except (OSError, ValueError, AttributeError):
+            host, _, rest = writer_id.rpartition("-")[0].rpartition("-")
+            return f"host {host or '?'} pid {rest or '?'}"
 
     # -- claims -----------------------------------------------------------------------------------
     def _create(self, path: Path, content: str) -> bool:

@@ -8,18 +8,23 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from fp8eval.core.hashing import canonical_json, fingerprint_hash  # noqa: F401 - re-exported
+from fp8eval.records.schema import (  # noqa: F401 - re-exported
+    DEFAULT_SCORE_RANGE,
+    RECORD_SCHEMA,
+    REQUIRED_FIELDS,
+    STATUSES,
+    SUPPORTED_SCHEMAS,
+    record_problem,
+)
 
-# 2: seeds are the sample's seed + repeat (fp8eval.seeds), so records seeded otherwise are never reused.
-RECORD_SCHEMA = 2
-
-# Fields a line must carry to be a record at all (the reader then checks that they match the arm).
-REQUIRED_FIELDS = ("arm", "task", "sample_id", "repeat", "status")
-STATUSES = ("ok", "skipped", "error")
+# Lines set aside are all counted; at most this many per file are kept to be shown (memory stays bounded).
+MAX_PROBLEMS = 200
+# Bytes read at a time: memory does not grow with the file.
+BLOCK = 8 << 20
 
 
 @dataclass
@@ -35,69 +40,89 @@ class LineProblem:
         return f"{self.path}:{self.line}: {self.reason}: {self.detail}"
 
 
-def record_problem(obj: Any) -> str | None:
-    """Why a parsed JSON value is not a record (None when it is one)."""
-    if not isinstance(obj, dict):
-        return f"a JSON {type(obj).__name__}, not an object"
-    missing = [k for k in REQUIRED_FIELDS if k not in obj]
-    if missing:
-        return "missing " + ", ".join(missing)
-    if not isinstance(obj["repeat"], int) or isinstance(obj["repeat"], bool) or obj["repeat"] < 0:
-        return f"repeat {obj['repeat']!r} is not a non-negative integer"
-    if obj["status"] not in STATUSES:
-        return f"status {obj['status']!r} is not one of {', '.join(STATUSES)}"
-    if obj["status"] == "ok" and not isinstance(obj.get("score"), (int, float)):
-        return "status ok without a numeric score"
-    return None
-
-
-@dataclass
 class FileScan:
-    """Incremental reader of one append-only JSONL file: `advance()` parses only the bytes appended since
-    the last call, so a writer polling the files of other writers reads each byte once."""
+    """Incremental, streaming reader of one append-only JSONL file: `advance(emit)` parses only the bytes
+    appended since the last call, block by block, and hands each valid record to `emit(line, record, pos,
+    length)` without keeping it, so memory does not grow with the file. Lines that are not records are
+    counted by reason in `counts` (the first MAX_PROBLEMS kept in `problems` to be shown). A file replaced
+    (another inode, as `repair` does) or shortened is read again from the start: `advance` then returns
+    "reset" and the caller starts its selection over."""
 
-    path: Path
-    offset: int = 0
-    line_no: int = 0
-    records: list[tuple[int, dict]] = field(default_factory=list)  # (line number, record)
-    problems: list[LineProblem] = field(default_factory=list)
-    torn: LineProblem | None = None  # an unterminated last line: a write in progress or a killed writer
+    def __init__(self, path: Path, score_range: tuple[float, float] | None = DEFAULT_SCORE_RANGE):
+        self.path = Path(path)
+        self.score_range = score_range
+        self.offset = 0
+        self.line_no = 0
+        self.ident: tuple[int, int] | None = None
+        self.problems: list[LineProblem] = []
+        self.counts: dict[str, int] = {}
+        self.torn: LineProblem | None = None  # an unterminated last line: a write in progress or a killed writer
 
-    def advance(self) -> bool:
-        """Read what was appended; True when anything new was parsed."""
+    def reset(self) -> None:
+        """Forget what was read (the next advance reads the file from its start)."""
+        self.offset, self.line_no, self.ident, self.problems, self.counts, self.torn = 0, 0, None, [], {}, None
+
+    def _problem(self, line: int, reason: str, detail: str) -> None:
+        self.counts[reason] = self.counts.get(reason, 0) + 1
+        if len(self.problems) < MAX_PROBLEMS:
+            self.problems.append(LineProblem(self.path, line, reason, detail))
+
+    def advance(self, emit) -> bool | str:
+        """Read what was appended; True when anything new was parsed, "reset" when the file was replaced or
+        shortened (the caller must forget what this file gave it; nothing is read then)."""
         try:
-            with open(self.path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size < self.offset:  # rewritten (repair): start again
-                    self.offset, self.line_no, self.records, self.problems = 0, 0, [], []
-                if size == self.offset:
-                    return False
-                f.seek(self.offset)
-                data = f.read(size - self.offset)
-        except FileNotFoundError:
+            f = open(self.path, "rb")
+        except (FileNotFoundError, NotADirectoryError):
             return False
-        cut = data.rfind(b"\n") + 1
-        complete, rest = data[:cut], data[cut:]
-        for raw in complete.split(b"\n")[:-1]:
-            self.line_no += 1
-            self._parse(raw, self.line_no)
-        self.offset += cut
-        self.torn = (LineProblem(self.path, self.line_no + 1, "torn_tail",
-                                 f"{len(rest)} bytes without a newline (a write in progress or a killed writer)")
-                     if rest else None)
-        return bool(complete)
+        with f:
+            st = os.fstat(f.fileno())
+            ident = (st.st_dev, st.st_ino)
+            if self.ident is not None and (ident != self.ident or st.st_size < self.offset):
+                self.reset()
+                return "reset"
+            self.ident = ident
+            size = st.st_size
+            if size == self.offset:
+                return False
+            f.seek(self.offset)
+            pos, carry, any_new = self.offset, b"", False
+            while pos < size:
+                block = f.read(min(BLOCK, size - pos))
+                if not block:
+                    break
+                pos += len(block)
+                data = carry + block
+                cut = data.rfind(b"\n") + 1
+                if not cut:
+                    carry = data
+                    continue
+                start = self.offset
+                view = memoryview(data)
+                i = 0
+                while i < cut:
+                    j = data.index(b"\n", i)
+                    self.line_no += 1
+                    self._parse(bytes(view[i:j]), self.line_no, start + i, emit)
+                    i = j + 1
+                self.offset = start + cut
+                carry = data[cut:]
+                any_new = True
+            self.torn = (LineProblem(self.path, self.line_no + 1, "torn_tail",
+                                     f"{len(carry)} bytes without a newline (a write in progress or a killed writer)")
+                         if carry else None)
+        return any_new
 
-    def _parse(self, raw: bytes, line: int) -> None:
+    def _parse(self, raw: bytes, line: int, pos: int, emit) -> None:
         text = raw.strip()
         if not text:
             return
         try:
-            obj = json.loads(text.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            self.problems.append(LineProblem(self.path, line, "corrupt_line", f"not JSON ({e})"))
+            obj = json.loads(text)
+        except (UnicodeDecodeError, ValueError) as e:
+            self._problem(line, "corrupt_line", f"not JSON ({e})")
             return
-        why = record_problem(obj)
+        why = record_problem(obj, self.score_range)
         if why:
-            self.problems.append(LineProblem(self.path, line, "not_a_record", why))
+            self._problem(line, "not_a_record", why)
             return
-        self.records.append((line, obj))
+        emit(line, obj, pos, len(raw))

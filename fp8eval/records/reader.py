@@ -13,34 +13,46 @@ retried later is never counted again. Everything else is counted in `ignored` by
 - `superseded`: an older or duplicate record of a (sample, repeat) that has a winner.
 
 The runner (`fp8eval.runner`), `summary.json`, the report and `python -m fp8eval.records check` all get an
-arm's valid records from `read_arm` / `select_arm`, so they can never disagree about what counts.
+arm's valid records from `read_arm` / `Selection`, so they can never disagree about what counts.
+
+Reading streams: each file is parsed block by block and only the current winner of each (sample, repeat)
+is kept (with `keep=False`, only its status and position), so memory grows with the keys that count, not
+with the file: a 10-sample run over an arm that a 10,000-sample grid filled keeps 10 records.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
-from fp8eval.metrics.select import DONE_STATUSES, one_per_key, record_key
-from fp8eval.records.codec import FileScan, LineProblem
+from fp8eval.metrics.select import DONE_STATUSES, record_key
+from fp8eval.records.codec import DEFAULT_SCORE_RANGE, FileScan, LineProblem
 
-__all__ = ["DONE_STATUSES", "ArmRecords", "arm_files", "read_arm", "read_records", "segment_dir", "select_arm"]
+__all__ = ["DONE_STATUSES", "ArmRecords", "Selection", "arm_files", "arm_score_range", "read_arm", "read_records",
+           "segment_dir", "select_arm"]
 Key = tuple[str, int]
 
 
 class ArmRecords(NamedTuple):
     """An arm's valid records (one per (sample, repeat), in key order), counts of what was ignored by
-    reason, and the lines set aside (file:line for every corrupt one)."""
+    reason, the lines set aside (file:line, the first ones of each file), and where each record lies
+    (path, line, byte offset, length), parallel to `records`."""
 
     records: list[dict]
     ignored: dict[str, int]
     problems: list[LineProblem]
+    where: tuple = ()
 
     def done_keys(self) -> set[Key]:
         """The (sample_id, repeat) keys that need no new request: status ok or skipped."""
         return {(r["sample_id"], r["repeat"]) for r in self.records if r["status"] in DONE_STATUSES}
+
+    def status_counts(self) -> dict[str, int]:
+        """How many of the records that count are ok, error, skipped."""
+        return dict(Counter(r["status"] for r in self.records))
 
 
 def segment_dir(base: Path) -> Path:
@@ -54,60 +66,144 @@ def arm_files(base: Path) -> list[Path]:
     return [base, *(sorted(seg.glob("*.jsonl")) if seg.is_dir() else [])]
 
 
+def arm_score_range(base: Path) -> tuple[float, float] | None:
+    """The task's score range written in the arm's `.arm.json` (`null`: any finite score), else 0..1."""
+    try:
+        meta = json.loads(Path(base).with_suffix(".arm.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return DEFAULT_SCORE_RANGE
+    if not isinstance(meta, dict) or "score_range" not in meta:
+        return DEFAULT_SCORE_RANGE
+    rng = meta["score_range"]
+    if rng is None:
+        return None
+    try:
+        lo, hi = (float(x) for x in rng)
+        return (lo, hi)
+    except (TypeError, ValueError):
+        return DEFAULT_SCORE_RANGE
+
+
+def _file_rank(base: Path, path: Path) -> tuple[int, str]:
+    """Tie-break between files (after a record's time): the primary file first, then segments by name;
+    the same for every reader however it found the files."""
+    return (0, "") if path == base else (1, path.name)
+
+
+def _matches(fp: str, arm: str) -> bool:
+    # A 64-hex fingerprint must match exactly; a shorter one (the file name's fp[:20], when the .arm.json
+    # is missing) is a prefix.
+    return arm == fp if len(fp) >= 64 else arm.startswith(fp)
+
+
+class Selection:
+    """The exactly-once rules applied while streaming: feed records with `add`, get the ArmRecords with
+    `result`. `fingerprint`/`task` None accept any value (a fingerprint shorter than 64 characters is a
+    prefix); `expected` maps each planned (sample, repeat) to its prompt hash (None: planned as skipped
+    without a prompt), None accepts every key and prompt; `keep=False` keeps only each winner's identity,
+    status and position (for `check` and `repair` of arms of any size)."""
+
+    def __init__(self, fingerprint: str | None, task: str | None,
+                 expected: Mapping[Key, str | None] | None = None, keep: bool = True):
+        self.fingerprint, self.task, self.expected, self.keep = fingerprint, task, expected, keep
+        self.ignored: Counter[str] = Counter()
+        self.n_candidates = 0
+        self.done: dict[Key, tuple] = {}
+        self.err: dict[Key, tuple] = {}
+
+    def add(self, rank: tuple[int, str], path: Path, line: int, rec: dict, pos: int = 0, length: int = 0) -> None:
+        """One valid record line of file `path` (ranked by _file_rank)."""
+        if self.fingerprint is not None and not _matches(self.fingerprint, rec["arm"]):
+            self.ignored["other_arm"] += 1
+            return
+        if self.task is not None and rec["task"] != self.task:
+            self.ignored["other_task"] += 1
+            return
+        key = (str(rec["sample_id"]), int(rec["repeat"]))
+        if self.expected is not None:
+            if key not in self.expected:
+                self.ignored["outside_selection"] += 1
+                return
+            if rec.get("prompt_hash") != self.expected[key]:
+                self.ignored["stale_prompt"] += 1
+                return
+        self.n_candidates += 1
+        # The one rule of fp8eval.metrics.select, in file order (time, then file, then line): the last
+        # done record wins, an error only while there is no done one.
+        order = (str(rec.get("time") or ""), rank, line)
+        if rec["status"] in DONE_STATUSES:
+            slot, other = self.done, self.err
+        else:
+            if key in self.done:
+                return
+            slot, other = self.err, None
+        cur = slot.get(key)
+        if cur is None or order > cur[0]:
+            kept: dict[str, Any] = rec if self.keep else {
+                "sample_id": rec["sample_id"], "repeat": rec["repeat"], "status": rec["status"]}
+            slot[key] = (order, (path, line, pos, length), kept)
+        if other is not None:
+            other.pop(key, None)
+
+    def result(self, scans: Iterable[FileScan] = ()) -> ArmRecords:
+        """The winners in key order, with what was ignored (the scans' set-aside lines included)."""
+        ignored = Counter(self.ignored)
+        problems: list[LineProblem] = []
+        for scan in scans:
+            problems.extend(scan.problems)
+            if scan.torn is not None:
+                problems.append(scan.torn)
+                ignored["torn_tail"] += 1
+            ignored.update(scan.counts)
+        chosen = {**self.err, **self.done}
+        if self.n_candidates > len(chosen):
+            ignored["superseded"] += self.n_candidates - len(chosen)
+        items = sorted(chosen.values(), key=lambda c: record_key(c[2]))
+        return ArmRecords([c[2] for c in items], dict(sorted((k, v) for k, v in ignored.items() if v)),
+                          problems, tuple(c[1] for c in items))
+
+
+def feed(base: Path, scans: list[FileScan], selection: Selection) -> bool:
+    """Advance every scan into `selection`; False when a file was replaced meanwhile (start over)."""
+    for scan in scans:
+        rank = _file_rank(base, scan.path)
+        got = scan.advance(lambda line, rec, pos, n, r=rank, p=scan.path: selection.add(r, p, line, rec, pos, n))
+        if got == "reset":
+            return False
+    return True
+
+
 def select_arm(scans: Iterable[FileScan], fingerprint: str | None, task: str | None,
                expected: Mapping[Key, str | None] | None = None) -> ArmRecords:
-    """Apply the exactly-once rules to scanned files. `fingerprint`/`task` None accept any value;
-    `expected` maps each planned (sample, repeat) to its prompt hash (None: planned as skipped without a
-    prompt); None accepts every key and prompt."""
-    ignored: Counter[str] = Counter()
-    problems: list[LineProblem] = []
-    candidates: list[tuple[tuple, dict]] = []
-    for file_index, scan in enumerate(scans):
-        problems.extend(scan.problems)
-        if scan.torn is not None:
-            problems.append(scan.torn)
-        for line, rec in scan.records:
-            if fingerprint is not None and rec["arm"] != fingerprint:
-                ignored["other_arm"] += 1
-                continue
-            if task is not None and rec["task"] != task:
-                ignored["other_task"] += 1
-                continue
-            key = (str(rec["sample_id"]), int(rec["repeat"]))
-            if expected is not None:
-                if key not in expected:
-                    ignored["outside_selection"] += 1
-                    continue
-                if rec.get("prompt_hash") != expected[key]:
-                    ignored["stale_prompt"] += 1
-                    continue
-            candidates.append(((str(rec.get("time") or ""), file_index, line), rec))
-    # Oldest first (time, then file and line: one writer's file is in write order), then the one rule of
-    # fp8eval.metrics.select: the last done record wins, an error only while there is no done one.
-    candidates.sort(key=lambda c: c[0])
-    chosen, n_replaced = one_per_key(c[1] for c in candidates)
-    if n_replaced:
-        ignored["superseded"] += n_replaced
-    for p in problems:
-        ignored[p.reason] += 1
-    records = sorted(chosen, key=record_key)
-    return ArmRecords(records, dict(sorted(ignored.items())), problems)
+    """Apply the exactly-once rules to fresh (not yet advanced) scans of one arm, the first being its primary
+    file (see Selection)."""
+    scans = list(scans)
+    base = scans[0].path if scans else Path()
+    while True:
+        sel = Selection(fingerprint, task, expected)
+        if feed(base, scans, sel):
+            return sel.result(scans)
+        for s in scans:
+            s.reset()
 
 
 def read_arm(path: Path, fingerprint: str | None, task: str | None,
-             expected: Mapping[Key, str | None] | None = None) -> ArmRecords:
-    """An arm's valid records from its primary file `path` and its writer segments (see select_arm)."""
-    scans = []
-    for p in arm_files(Path(path)):
-        scan = FileScan(p)
-        scan.advance()
-        scans.append(scan)
-    return select_arm(scans, fingerprint, task, expected)
+             expected: Mapping[Key, str | None] | None = None, *, keep: bool = True,
+             score_range: Any = "arm") -> ArmRecords:
+    """An arm's valid records from its primary file `path` and its writer segments (see Selection);
+    scores are checked against `score_range` ("arm": the one in the arm's .arm.json)."""
+    base = Path(path)
+    rng = arm_score_range(base) if score_range == "arm" else score_range
+    while True:
+        scans = [FileScan(p, rng) for p in arm_files(base)]
+        sel = Selection(fingerprint, task, expected, keep)
+        if feed(base, scans, sel):
+            return sel.result(scans)
 
 
 def read_records(path: Path) -> list[dict]:
     """Every well-formed record line of one file in order, duplicates included (for tests and tools that
     inspect a file; counting goes through read_arm)."""
-    scan = FileScan(Path(path))
-    scan.advance()
-    return [rec for _, rec in scan.records]
+    out: list[dict] = []
+    FileScan(Path(path), None).advance(lambda line, rec, pos, n: out.append(rec))
+    return out

@@ -14,8 +14,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from fp8eval.records.codec import FileScan
-from fp8eval.records.reader import arm_files, select_arm
+from fp8eval.records.reader import read_arm
 
 
 class ReportInputError(RuntimeError):
@@ -166,12 +165,8 @@ def _load_arm(model: str, task: str, kv: str, fp: str, path: Path, arm_summary: 
               run_dir: Path) -> Arm:
     """The arm's records as the runner counts them (fp8eval.records.read_arm: one per (sample, repeat),
     the last done one; foreign, corrupt and duplicate lines set aside and counted in `n_duplicates`)."""
-    scans = [FileScan(p) for p in arm_files(path)]
-    for scan in scans:
-        scan.advance()
-    lines = {id(rec): line for scan in scans for line, rec in scan.records}
-    view = select_arm(scans, fp if len(fp) == 64 else None, task)
-    records = [Record(rec, lines[id(rec)]) for rec in view.records]
+    view = read_arm(path, fp if len(fp) == 64 else None, task)
+    records = [Record(rec, where[1]) for rec, where in zip(view.records, view.where)]
     return Arm(model, task, kv, fp, path, records, arm_summary, [run_dir], kv, sum(view.ignored.values()))
 
 

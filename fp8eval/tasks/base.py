@@ -46,6 +46,9 @@ class Task:
     # True when score() costs enough (math-verify: milliseconds an answer) that scoring in worker
     # processes beats a process pool's start-up (fp8eval.scoring.pool).
     parallel_scoring: ClassVar[bool] = False
+    # Every score this task can give lies in this closed range (None: any finite number, for a metric chosen
+    # by the user). The records store refuses, and the reader never counts, a score outside it (or NaN/inf).
+    score_range: ClassVar[tuple[float, float] | None] = (0.0, 1.0)
 
     def __init__(self, cfg: TaskConfig, ctx: TaskContext):
         self.cfg = cfg

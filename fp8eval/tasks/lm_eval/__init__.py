@@ -45,6 +45,7 @@ class LmEvalTask(Task):
     config_class = LmEvalConfig
     prompt_varies_by_repeat = False
     parallel_scoring = False  # lm-eval's task objects stay in this process
+    score_range = None  # the user picks the metric (bleu, perplexity, ...): any finite number
 
     def __init__(self, cfg: LmEvalConfig, ctx):
         super().__init__(cfg, ctx)
