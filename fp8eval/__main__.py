@@ -15,6 +15,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
+from fp8eval.bounds import RUN_RULES, check_names, check_numbers
 from fp8eval.calibrate.config import CalibrationError
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.paths import CONF_DIR, display_path
@@ -41,6 +42,12 @@ def main(cfg: DictConfig) -> None:
         if cause is None:
             raise
         print(f"\nfp8eval: {cause}", file=sys.stderr)
+        sys.exit(2)
+    try:  # every numeric option and every name that becomes a path, before any work (and before the plan)
+        check_numbers(typed, RUN_RULES)
+        check_names(typed)
+    except Fp8evalError as e:
+        print(f"\nfp8eval: {e}", file=sys.stderr)
         sys.exit(2)
     if typed.dry_run or typed.plan.gpus is not None:  # presets state their cost before they start
         from fp8eval.plan import format_plan

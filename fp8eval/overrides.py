@@ -7,7 +7,9 @@ import dataclasses
 import sys
 import typing
 
+from fp8eval.bounds import NAME_KEYS, name_problem
 from fp8eval.config import EngineConfig, KVConfig, ModelConfig, RunConfig
+from fp8eval.core.paths import CONF_DIR
 from fp8eval.tasks import task_class
 
 _GROUP_SCHEMAS = {"model": ModelConfig, "kv": KVConfig, "engine": EngineConfig}
@@ -77,6 +79,27 @@ def free_dict_overrides(argv: list[str]) -> list[str]:
     return out
 
 
+def preset_task(experiment: str | None) -> str | None:
+    """The task an `experiment=` preset selects (its `override /task: NAME` default), so that the keys of
+    that task are the valid `task.*` keys; None when there is no preset or it selects none."""
+    if not experiment:
+        return None
+    path = CONF_DIR / "experiment" / f"{experiment.split(',')[0]}.yaml"
+    try:
+        import yaml
+
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (OSError, ValueError, ImportError):
+        return None  # Hydra names an unknown preset itself
+    for item in data.get("defaults") or [] if isinstance(data, dict) else []:
+        if isinstance(item, dict):
+            for k, v in item.items():
+                if str(k).replace("override", "").strip().lstrip("/") == "task" and isinstance(v, str):
+                    return v
+    task = data.get("task") if isinstance(data, dict) else None
+    return task.get("name") if isinstance(task, dict) and isinstance(task.get("name"), str) else None
+
+
 def check_overrides(argv: list[str]) -> None:
     overrides = []
     skip = False
@@ -93,8 +116,14 @@ def check_overrides(argv: list[str]) -> None:
         key, eq, value = ov.lstrip("+~").partition("=")
         if eq and "." not in key and "/" not in key:
             choices[key] = value
-    task_name = choices.get("task", "niah").split(",")[0]
+    task_name = choices.get("task") or preset_task(choices.get("experiment")) or "niah"
+    task_name = task_name.split(",")[0]
     top = _fields(RunConfig)
+    for ov in overrides:
+        key, eq, value = ov.lstrip("+~").partition("=")
+        if eq and key in NAME_KEYS and "," not in value and name_problem(value):
+            print(f"fp8eval: {key}={name_problem(value)}", file=sys.stderr)  # it would become a path
+            sys.exit(2)
     for ov in overrides:
         key, eq, _ = ov.lstrip("+~").partition("=")
         if "." not in key and "/" not in key and ov.startswith("+") and key not in top and key != "hydra":

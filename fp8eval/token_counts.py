@@ -19,6 +19,7 @@ import os
 from pathlib import Path
 
 from fp8eval.records import canonical_json, fingerprint_hash
+from fp8eval.records.store import io_error
 
 
 class TokenCountCache:
@@ -36,9 +37,12 @@ class TokenCountCache:
                     for line in f:
                         try:
                             row = json.loads(line)
-                            self._counts[str(row["h"])] = int(row["n"])
+                            n = row["n"]
                         except (ValueError, KeyError, TypeError):
                             continue
+                        # a count that is not a non-negative integer is not trusted: it is counted again
+                        if isinstance(n, int) and not isinstance(n, bool) and n >= 0:
+                            self._counts[str(row["h"])] = n
         return self._counts
 
     def get(self, prompt_hash: str) -> int | None:
@@ -50,14 +54,20 @@ class TokenCountCache:
             return
         counts[prompt_hash] = n
         if not self.path.exists():
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            meta = self.path.with_suffix(".key.json")
-            meta.write_text(json.dumps(self.material, indent=2, sort_keys=True, default=str) + "\n",
-                            encoding="utf-8")
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                meta = self.path.with_suffix(".key.json")
+                meta.write_text(json.dumps(self.material, indent=2, sort_keys=True, default=str) + "\n",
+                                encoding="utf-8")
+            except OSError as e:
+                raise io_error(e, "write token counts to", Path(e.filename or self.path)) from None
         line = (canonical_json({"h": prompt_hash, "n": int(n)}) + "\n").encode("utf-8")
-        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         try:
-            os.write(fd, line)  # one write per line: concurrent runs interleave whole lines
-        finally:
-            os.close(fd)
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            try:
+                os.write(fd, line)  # one write per line: concurrent runs interleave whole lines
+            finally:
+                os.close(fd)
+        except OSError as e:
+            raise io_error(e, "write token counts to", Path(e.filename or self.path)) from None
 

@@ -18,6 +18,8 @@ def unique_dir(path: str) -> str:
     """The first of PATH, PATH-2, PATH-3, ... that this call could create."""
     if path in _CHOSEN:
         return _CHOSEN[path]
+    if ".." in Path(path).parts:  # a name (model.name=../../X) would put the run outside the runs root
+        raise ValueError(f"run directory {path!r} would leave its root: a name in it contains '/' or '..'")
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     n = 1
     while True:

@@ -124,6 +124,10 @@ def _measures(base: dict, var: dict, ref_engine, n_pos: int, topk: int):
 
 def run(cfg, run_dir: Path, out=print) -> dict:
     """Prefill every passage through the variant and the baseline arm, compare, write divergence.json."""
+    from fp8eval.bounds import DIVERGENCE_RULES, check_names, check_numbers
+
+    check_numbers(cfg, DIVERGENCE_RULES)
+    check_names(cfg, ("model.name", "kv.name"))
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -26,8 +26,14 @@ def main(cfg: DictConfig) -> None:
     from fp8eval.perf.table import format_table
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
+    from fp8eval.core.errors import Fp8evalError
+
     typed = OmegaConf.to_object(cfg)
-    result = run(typed, run_dir, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    try:
+        result = run(typed, run_dir, log=lambda msg: print(msg, file=sys.stderr, flush=True))
+    except Fp8evalError as e:
+        print(f"\nfp8eval.perf: {e}", file=sys.stderr)
+        sys.exit(2)
     print()
     print(format_table(result))
     print(display_path(run_dir))

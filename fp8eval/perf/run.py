@@ -123,6 +123,10 @@ def client_overhead(m: Measurer, p, tokenizer: str | None, log: Callable[[str], 
 
 def run(cfg, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Measure every arm, write perf.json (+ plots) into run_dir and return it."""
+    from fp8eval.bounds import PERF_RULES, check_names, check_numbers
+
+    check_numbers(cfg, PERF_RULES)
+    check_names(cfg, ("model.name", "kv.name"))
     p = cfg.perf
     names = list(p.arms) or [n for n in (cfg.baseline, cfg.kv.name) if n and n != "none"]
     names = list(dict.fromkeys(names))

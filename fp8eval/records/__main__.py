@@ -63,7 +63,7 @@ def check(path: Path) -> tuple[bool, str]:
     fp, task, from_meta = arm_identity(path)
     view = read_arm(path, fp, task, keep=False)
     n = view.status_counts()
-    lines = [f"{path}: {len(view.records)} records count ({n.get('ok', 0)} ok, {n.get('error', 0)} error, "
+    lines = [f"{path}: {len(view.where)} records count ({n.get('ok', 0)} ok, {n.get('error', 0)} error, "
              f"{n.get('skipped', 0)} skipped) in {len(arm_files(path))} file(s)"]
     if not from_meta:
         lines.append(f"  warning: no {path.with_suffix('.arm.json').name}; records count when their fingerprint "
@@ -111,7 +111,7 @@ def repair(path: Path) -> str:
 def _rewrite(path: Path, fp: str, task: str) -> str:
     files = arm_files(path)
     view = read_arm(path, fp, task, keep=False, score_range=arm_score_range(path))
-    keep = {(p, line) for p, line, _, _ in view.where}
+    keep = {(p, line) for p, line, *_ in view.where}
     rejected_path = path.with_suffix(".rejected.jsonl")
     target = path.resolve()  # a symlinked records file stays a symlink: its target is rewritten
     tmp = target.with_name(f".{target.name}.repair-{os.getpid()}.tmp")
@@ -135,7 +135,7 @@ def _rewrite(path: Path, fp: str, task: str) -> str:
         handles = {p: open(p, "rb") for p in files if p.exists()}
         try:
             with open(tmp, "wb") as out:
-                for p, _, pos, length in view.where:
+                for p, _, pos, length, _ in view.where:
                     h = handles[p]
                     h.seek(pos)
                     out.write(h.read(length).strip() + b"\n")
@@ -154,8 +154,8 @@ def _rewrite(path: Path, fp: str, task: str) -> str:
         segment_dir(path).rmdir()
     except OSError:
         pass
-    return (f"{path}: kept {len(view.records)} records; moved {n_rejected} line(s) to {rejected_path.name}"
-            if n_rejected else f"{path}: kept {len(view.records)} records")
+    return (f"{path}: kept {len(view.where)} records; moved {n_rejected} line(s) to {rejected_path.name}"
+            if n_rejected else f"{path}: kept {len(view.where)} records")
 
 
 def main(argv: list[str] | None = None) -> int:

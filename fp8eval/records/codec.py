@@ -24,7 +24,7 @@ from fp8eval.records.schema import (  # noqa: F401 - re-exported
 # Lines set aside are all counted; at most this many per file are kept to be shown (memory stays bounded).
 MAX_PROBLEMS = 200
 # Bytes read at a time: memory does not grow with the file.
-BLOCK = 8 << 20
+BLOCK = 1 << 20
 
 
 @dataclass

@@ -23,12 +23,13 @@ with the file: a 10-sample run over an arm that a 10,000-sample grid filled keep
 from __future__ import annotations
 
 import json
+import sys
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from fp8eval.metrics.select import DONE_STATUSES, record_key
+from fp8eval.metrics.select import DONE_STATUSES
 from fp8eval.records.codec import DEFAULT_SCORE_RANGE, FileScan, LineProblem
 
 __all__ = ["DONE_STATUSES", "ArmRecords", "Selection", "arm_files", "arm_score_range", "read_arm", "read_records",
@@ -38,13 +39,15 @@ Key = tuple[str, int]
 
 class ArmRecords(NamedTuple):
     """An arm's valid records (one per (sample, repeat), in key order), counts of what was ignored by
-    reason, the lines set aside (file:line, the first ones of each file), and where each record lies
-    (path, line, byte offset, length), parallel to `records`."""
+    reason, the lines set aside (file:line, the first ones of each file), where each record that counts
+    lies (path, line, byte offset, length, status), in key order, and how many count per status. A
+    selection made with keep=False has no `records`, only `where` and `n_by_status`."""
 
     records: list[dict]
     ignored: dict[str, int]
     problems: list[LineProblem]
     where: tuple = ()
+    n_by_status: dict = {}
 
     def done_keys(self) -> set[Key]:
         """The (sample_id, repeat) keys that need no new request: status ok or skipped."""
@@ -52,7 +55,7 @@ class ArmRecords(NamedTuple):
 
     def status_counts(self) -> dict[str, int]:
         """How many of the records that count are ok, error, skipped."""
-        return dict(Counter(r["status"] for r in self.records))
+        return dict(self.n_by_status)
 
 
 def segment_dir(base: Path) -> Path:
@@ -130,7 +133,7 @@ class Selection:
         self.n_candidates += 1
         # The one rule of fp8eval.metrics.select, in file order (time, then file, then line): the last
         # done record wins, an error only while there is no done one.
-        order = (str(rec.get("time") or ""), rank, line)
+        order = (sys.intern(str(rec.get("time") or "")), rank, line)
         if rec["status"] in DONE_STATUSES:
             slot, other = self.done, self.err
         else:
@@ -139,9 +142,7 @@ class Selection:
             slot, other = self.err, None
         cur = slot.get(key)
         if cur is None or order > cur[0]:
-            kept: dict[str, Any] = rec if self.keep else {
-                "sample_id": rec["sample_id"], "repeat": rec["repeat"], "status": rec["status"]}
-            slot[key] = (order, (path, line, pos, length), kept)
+            slot[key] = (order, (path, line, pos, length, rec["status"]), rec if self.keep else None)
         if other is not None:
             other.pop(key, None)
 
@@ -158,9 +159,11 @@ class Selection:
         chosen = {**self.err, **self.done}
         if self.n_candidates > len(chosen):
             ignored["superseded"] += self.n_candidates - len(chosen)
-        items = sorted(chosen.values(), key=lambda c: record_key(c[2]))
-        return ArmRecords([c[2] for c in items], dict(sorted((k, v) for k, v in ignored.items() if v)),
-                          problems, tuple(c[1] for c in items))
+        keys = sorted(chosen)
+        items = [chosen[k] for k in keys]
+        return ArmRecords([c[2] for c in items] if self.keep else [],
+                          dict(sorted((k, v) for k, v in ignored.items() if v)), problems,
+                          tuple(c[1] for c in items), dict(Counter(c[1][4] for c in items)))
 
 
 def feed(base: Path, scans: list[FileScan], selection: Selection) -> bool:

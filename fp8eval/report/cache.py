@@ -30,7 +30,7 @@ OUTPUTS = ("recovery.csv", "flips.csv", "arms.csv", "report.md", "index.html", "
 TEXT_SUFFIXES = (".md", ".html", ".json", ".csv")
 KEEP = 32
 _VOLATILE_RUN = ("wall_s",)
-_VOLATILE_ARM = ("requests_sent", "engine_prefill")
+_VOLATILE_ARM = ("requests_sent", "engine_prefill", "records_io")
 _SOURCES = ("report/*.py", "metrics/*.py")
 
 
@@ -54,6 +54,15 @@ def _version(name: str) -> str | None:
         return None
 
 
+def _file_sha256(path: Path) -> str:
+    """sha256 of a file read in blocks (a records file can be hundreds of MB)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def report_key(run_dirs: list[Path], settings: dict) -> str | None:
     """The inputs' digest, or None when an input is missing or odd (the builder then says why)."""
 
@@ -71,7 +80,7 @@ def report_key(run_dirs: list[Path], settings: dict) -> str | None:
                 path = _resolve_records_path(str(arm["records"]), run_dir, {})
                 for i, part in enumerate(arm_files(path)):  # the primary file, then concurrent writers' segments
                     files.append([str(arm["records"]) if i == 0 else part.name,
-                                  hashlib.sha256(part.read_bytes()).hexdigest()])
+                                  _file_sha256(part)])
             runs.append({"config": config, "summary": summary, "records": files})
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ReportInputError):
         return None

@@ -125,6 +125,11 @@ def load_run(run_dir: Path, arm_cache: dict[str, Arm]) -> Run:
         summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise ReportInputError(f"{run_dir}/summary.json: not JSON ({e})") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ReportInputError(f"{run_dir}/summary.json: cannot be read ({e})") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("arms"), dict):
+        raise ReportInputError(f"{run_dir}/summary.json: not a run summary (a JSON {type(summary).__name__}"
+                               f"{'' if not isinstance(summary, dict) else ' without an arms object'})")
     model = _name(config.get("model"), "model", run_dir)
     task = _name(config.get("task"), "task", run_dir)
     variant_kv = _name(config.get("kv"), "kv", run_dir)

@@ -14,7 +14,8 @@ Isolation, one fresh process per test (all layers are tried; `isolation()` says 
   SIGKILLed. CPU-time (RLIMIT_CPU), address-space (RLIMIT_AS), file-size (RLIMIT_FSIZE, which is also the
   output cap since stdout and stderr go to files), open files, core dumps off; wall-clock kill.
 - When the harness runs as root (CI does), each concurrent slot drops to its own unused uid
-  (`ROOT_UID_BASE + slot`). That is what stops a fork bomb for root: RLIMIT_NPROC is not enforced for
+  (from `ROOT_UID_BASE`, claimed machine-wide with an flock per uid, so two harness processes on one machine
+  never share one: `harness.claim_uid`). That is what stops a fork bomb for root: RLIMIT_NPROC is not enforced for
   uid 0 but is for the dropped uid, and it is per slot so one bomb cannot starve another test. The
   dropped uid cannot signal the harness, cannot read root's home (0700) or /proc/<harness>/environ, and
   cannot delete root's files. After every run each process still owned by the slot uid is SIGKILLed, so a

@@ -18,6 +18,9 @@ DEFAULT_NPROC = 64  # processes + threads per run (only enforceable for a non-ro
 # program's limit is the child's alarm (child._arm), which starts when the program does.
 STARTUP_ALLOWANCE_S = 1.0
 ROOT_UID_BASE = 61000  # slot uids when the harness is root (as isolate does with 60000+box)
+ROOT_UID_SPAN = 1024  # uids ROOT_UID_BASE .. +SPAN-1, shared by every harness process of the machine
+# Where the machine-wide uid claims live (a local directory every process of the machine sees).
+UID_LOCK_DIRS = ("/run/lock", "/dev/shm")
 # Tests set this False to exercise the fallback layers (uid drop, audit-hook socket block) that a
 # container without CAP_SYS_ADMIN gets.
 USE_NAMESPACES = True
@@ -31,22 +34,69 @@ def _cores() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+def _uid_lock_dir() -> str:
+    import tempfile
+
+    env = os.environ.get("FP8EVAL_SANDBOX_UID_LOCKS")
+    for d in ([env] if env else [*UID_LOCK_DIRS, tempfile.gettempdir()]):
+        path = os.path.join(d, "fp8eval-sandbox-uids")
+        try:
+            os.makedirs(path, mode=0o700, exist_ok=True)
+            return path
+        except OSError:
+            continue
+    raise RuntimeError("no directory for the sandbox's machine-wide uid claims (set FP8EVAL_SANDBOX_UID_LOCKS)")
+
+
+def claim_uid() -> tuple[int, int]:
+    """(uid, fd): a slot uid no other process of this machine holds, claimed with an exclusive flock on
+    `<lock dir>/<uid>.lock` (released by the kernel when this process exits, however it exits), so two
+    harness processes never run programs under one uid (and never kill each other's)."""
+    import fcntl
+
+    d = _uid_lock_dir()
+    for uid in range(ROOT_UID_BASE, ROOT_UID_BASE + ROOT_UID_SPAN):
+        fd = os.open(os.path.join(d, f"{uid}.lock"), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            continue
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        return uid, fd
+    raise RuntimeError(f"all {ROOT_UID_SPAN} sandbox uids from {ROOT_UID_BASE} are held by other processes")
+
+
 class _SlotPool:
-    """Bounds concurrent sandboxed processes (by the cores) and gives each its own uid when root."""
+    """Bounds concurrent sandboxed processes (by the cores) and gives each its own uid when root: a uid
+    claimed machine-wide (`claim_uid`) on the slot's first use and held for the process's lifetime."""
 
     def __init__(self, size: int):
         import queue
+        import threading
 
         self.size = size
         self._free: "queue.Queue[int]" = queue.Queue()
+        self._uids: dict[int, tuple[int, int]] = {}
+        self._lock = threading.Lock()
         for i in range(size):
             self._free.put(i)
 
     def acquire(self) -> int:
+        """A free slot (blocks while every slot runs a program)."""
         return self._free.get()
 
     def release(self, slot: int) -> None:
+        """Give a slot back (its uid stays claimed by this process)."""
         self._free.put(slot)
+
+    def uid(self, slot: int) -> int:
+        """The slot's uid, claimed machine-wide on first use."""
+        with self._lock:
+            if slot not in self._uids:
+                self._uids[slot] = claim_uid()
+            return self._uids[slot][0]
 
 
 _POOL: _SlotPool | None = None
@@ -154,7 +204,7 @@ def _run_one(code_path: str, test: dict, testtype: str, func_name: str | None, t
     import time
 
     is_root = os.getuid() == 0
-    uid = ROOT_UID_BASE + slot if is_root else None
+    uid = _pool().uid(slot) if is_root else None
     run_dir = tempfile.mkdtemp(prefix="fp8eval-sbx-")  # harness-only (0700): stdio files live here
     work = tempfile.mkdtemp(prefix="fp8eval-work-")  # used only when no private /tmp can be made
     paths = {k: os.path.join(run_dir, k) for k in ("stdin", "input", "stdout", "stderr", "result", "iso")}
