@@ -7,7 +7,11 @@ samples x 2 requests (n = repeats each) at `--concurrency`. Each generation call
 
 1. Run A: uninterrupted, into its own records directory.
 2. Run B: the same command into another records directory, SIGKILLed (with its scoring workers' parent)
-   when a third and when two thirds of the records are on disk, then rerun until it finishes.
+   when a third of the records are on disk; then `python -m fp8eval.records repair` of every arm of B starts
+   and, while it works, the second run of B (a run that starts during a repair: it waits for it, or the
+   repair refuses it); that run is SIGKILLed at two thirds, then rerun until it finishes.
+3. With --compare-commit, run A again with `records_commit_s=0` (one fsync per completion, the store before
+   group commit), to compare the share of the runner's time spent in fsync (summary.json's `records_io`).
 
 Checks: in B every (sample, repeat) of each arm has exactly one record that counts and no line of B's files
 repeats one (nothing was done twice); no process of a killed run survives it; B's summary equals A's (score,
@@ -28,6 +32,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -118,6 +123,36 @@ def command(args, data: Path, records: Path, urls: dict[str, str]) -> list[str]:
             f"records_dir={records}", "progress=false", "report=false", "scoring_workers=0"]
 
 
+def fsync_share(summary: dict) -> dict:
+    """fsyncs, seconds in fsync and their share of the run's wall time, over both arms."""
+    io = [a.get("records_io") or {} for a in summary["arms"].values()]
+    n, s = sum(x.get("fsyncs", 0) for x in io), sum(x.get("fsync_s", 0.0) for x in io)
+    return {"appends": sum(x.get("appends", 0) for x in io), "fsyncs": n, "fsync_s": round(s, 2),
+            "wall_s": summary["wall_s"], "share": round(s / summary["wall_s"], 4) if summary["wall_s"] else None}
+
+
+def repair_during_run(args, data: Path, rec: Path, urls: dict[str, str], work: Path, kill_at: int) -> dict:
+    """`records repair` of every arm of `rec`, and a run started while it works (killed at `kill_at` lines)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    t0 = time.monotonic()
+    repair = subprocess.Popen([sys.executable, "-m", "fp8eval.records", "repair", str(rec)], cwd=work, env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    ended: list[float] = []
+    threading.Thread(target=lambda: (repair.wait(), ended.append(time.monotonic())), daemon=True).start()
+    claims = list(rec.glob("*/*.claims"))
+    deadline = time.monotonic() + 30
+    while repair.poll() is None and time.monotonic() < deadline and not any(
+            (c / "arm.repair").exists() for c in claims):
+        time.sleep(0.01)
+    during = repair.poll() is None
+    killed = run(command(args, data, rec, urls), work, kill_at=kill_at, records=rec)
+    out, err = repair.communicate()
+    while not ended:
+        time.sleep(0.01)
+    return {"repair_rc": repair.returncode, "repair_out": out.strip().splitlines(), "repair_s":
+            round(ended[0] - t0, 2), "run_started_during_repair": during, "killed": killed}
+
+
 def run(cmd: list[str], cwd: Path, kill_at: int | None = None, records: Path | None = None) -> dict:
     """Run one invocation; with kill_at, SIGKILL it once that many record lines are on disk."""
     env = dict(os.environ, PYTHONPATH=str(REPO))
@@ -147,8 +182,10 @@ def exactly_once(summary: dict, expected: int) -> dict:
     for kv, arm in summary["arms"].items():
         base = Path(arm["records"])
         view = read_arm(base, arm["fingerprint"], "aime25")
-        files = [base, *sorted(base.with_suffix(".seg").glob("*.jsonl"))]
-        keys = [(r["sample_id"], r["repeat"]) for p in files for r in read_records(p)]
+        # lines `repair` moved aside count too: a pair done twice would show there
+        files = [base, *sorted(base.with_suffix(".seg").glob("*.jsonl")), base.with_suffix(".rejected.jsonl")]
+        keys = [(r["sample_id"], r["repeat"]) for p in files if p.exists() for r in read_records(p)
+                if r.get("arm") == arm["fingerprint"]]
         out[kv] = {"counted": len(view.records), "expected": expected, "lines": len(keys),
                    "repeated_lines": len(keys) - len(set(keys)), "errors": arm["n_errors"],
                    "ignored": view.ignored}
@@ -162,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, default=32)
     ap.add_argument("--fault-rate", type=float, default=0.01)
     ap.add_argument("--workdir", type=Path, default=None)
+    ap.add_argument("--compare-commit", action="store_true",
+                    help="also run A with records_commit_s=0 (one fsync per completion) to compare fsync time")
     args = ap.parse_args(argv)
     work = Path(args.workdir or tempfile.mkdtemp(prefix="fp8eval-load-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -183,9 +222,14 @@ def main(argv: list[str] | None = None) -> int:
         for s in servers.values():
             s.generation_calls, s.fault_counts, s.attempts = 0, {}, {}
         rec_b = work / "records_b"
-        kills = [run(command(args, data, rec_b, urls), work, kill_at=int(total * f), records=rec_b)
-                 for f in (1 / 3, 2 / 3)]
+        first = run(command(args, data, rec_b, urls), work, kill_at=int(total / 3), records=rec_b)
+        middle = repair_during_run(args, data, rec_b, urls, work, kill_at=int(total * 2 / 3))
+        kills = [first, middle.pop("killed")]
         b = run(command(args, data, rec_b, urls), work)
+        calls_b = {k: s.generation_calls for k, s in servers.items()}
+        faults_b = {k: dict(s.fault_counts) for k, s in servers.items()}
+        a0 = (run(command(args, data, work / "records_a0", urls) + ["records_commit_s=0"], work)
+              if args.compare_commit else None)
     finally:
         for s in servers.values():
             s.stop()
@@ -196,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     once = exactly_once(sb, args.samples * args.repeats)
     ok = (not diffs and all(v["counted"] == v["expected"] and v["repeated_lines"] == 0 and v["errors"] == 0
                             for v in once.values())
-          and not any(k["survivors"] for k in kills))
+          and not any(k["survivors"] for k in kills) and middle["repair_rc"] in (0, 1))
     result = {
         "benchmark": "load_faults", "samples": args.samples, "repeats": args.repeats,
         "requests_per_run": args.samples * 2, "records_per_run": total, "concurrency": args.concurrency,
@@ -204,10 +248,13 @@ def main(argv: list[str] | None = None) -> int:
                                                               "faults": faults_a},
         "killed": kills, "resumed": {"wall_s": b["wall_s"],
                                      "requests_sent": {k: v["requests_sent"] for k, v in sb["arms"].items()}},
-        "calls_b": {k: s.generation_calls for k, s in servers.items()},
+        "calls_b": calls_b,
         # generation calls the killed runs made whose answers were never written (in flight or waiting)
-        "extra_calls_b_vs_a": sum(s.generation_calls for s in servers.values()) - sum(calls_a.values()),
-        "faults_b": {k: s.fault_counts for k, s in servers.items()},
+        "extra_calls_b_vs_a": sum(calls_b.values()) - sum(calls_a.values()),
+        "faults_b": faults_b,
+        "repair_in_the_middle": middle,
+        "fsync": {"group_commit": fsync_share(sa), **({"per_completion": fsync_share(a0["summary"]),
+                                                      "per_completion_wall_s": a0["wall_s"]} if a0 else {})},
         "exactly_once": once, "score": {k: v["score"] for k, v in sb["arms"].items()},
         "recovery": sb["recovery"]["overall"], "summary_diffs": diffs, "ok": ok,
     }

@@ -72,7 +72,7 @@ ENGINE_RULES = [
 ]
 RUN_RULES = [
     *ENGINE_RULES, *_sampling("sampling"), *_sampling("task.sampling"), Rule("seed"),
-    Rule("scoring_workers", lo=0, optional=True),
+    Rule("scoring_workers", lo=0, optional=True), Rule("records_commit_s", "real", lo=0, hi=60),
     Rule("plan.gpus", lo=1, optional=True), Rule("plan.requests_per_arm", lo=1, optional=True),
     Rule("plan.prefill_tokens_per_arm", "real", lo=0, optional=True),
     Rule("plan.decode_tokens_per_arm", "real", lo=0, optional=True),

@@ -176,6 +176,9 @@ class RunConfig:
     # kv option of the baseline arm every other arm is paired with; "none" runs the arm alone.
     baseline: str = "bf16"
     records_dir: str = "outputs/records"
+    # Group commit of the records store: one fsync covers the appends of this many seconds (0: one fsync per
+    # completion); a record is acknowledged (claim released, counted) only after its fsync (fp8eval.records.store).
+    records_commit_s: float = 0.2
     # Processes that score completions while the engine works; null = one per core for tasks whose scorer
     # is costly (MATH-500's math-verify), none for the rest; 0 scores inline.
     scoring_workers: Optional[int] = None

@@ -221,7 +221,8 @@ class Runner:
         kv = arm
         material = self.fingerprint_material(task, engine, arm)
         fp = fingerprint_hash(material)
-        store = ArmStore(self.records_root, task.name, fp, material, score_range=task.score_range).open()
+        store = ArmStore(self.records_root, task.name, fp, material, score_range=task.score_range,
+                         commit_s=float(self.cfg.records_commit_s)).open()
         shard = shards.parse(self.cfg.shard)
         try:
             sent, view = self._fill_arm(store, fp, task, engine, kv, items, shard)

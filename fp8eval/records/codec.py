@@ -21,6 +21,7 @@ from fp8eval.records.schema import (  # noqa: F401 - re-exported
     record_problem,
 )
 
+_decode = json.JSONDecoder().decode
 # Lines set aside are all counted; at most this many per file are kept to be shown (memory stays bounded).
 MAX_PROBLEMS = 200
 # Bytes read at a time: memory does not grow with the file.
@@ -96,14 +97,12 @@ class FileScan:
                 if not cut:
                     carry = data
                     continue
-                start = self.offset
-                view = memoryview(data)
-                i = 0
-                while i < cut:
-                    j = data.index(b"\n", i)
+                start = pos_line = self.offset
+                parse = self._parse
+                for raw in data[:cut].split(b"\n")[:-1]:
                     self.line_no += 1
-                    self._parse(bytes(view[i:j]), self.line_no, start + i, emit)
-                    i = j + 1
+                    parse(raw, self.line_no, pos_line, emit)
+                    pos_line += len(raw) + 1
                 self.offset = start + cut
                 carry = data[cut:]
                 any_new = True
@@ -117,7 +116,7 @@ class FileScan:
         if not text:
             return
         try:
-            obj = json.loads(text)
+            obj = _decode(text.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as e:
             self._problem(line, "corrupt_line", f"not JSON ({e})")
             return
