@@ -9,7 +9,8 @@ Files under `<root>/<task>/`:
 - `<fp[:20]>.claims/`: claim files, one per (sample, repeat) in progress (fp8eval.records.claims).
 
 Appends are group-committed: each append is one write() (so a killed process loses only what it had not
-written yet), and one fsync covers every append of the last `commit_s` seconds (or `commit_max` records).
+written yet), and one fsync covers every append of the last `commit_s` seconds (or `commit_max` records);
+an append after a pause of `commit_s` or more (a slow engine: nothing to group with) is fsynced at once.
 A record is acknowledged -- its claim released, its key counted by `read` -- only after the fsync that
 covers it: a machine crash loses at most what was not yet acknowledged, and never a line a summary counted
 (`read(durable=True)` also fsyncs the other writers' files before counting). A torn last line is set aside
@@ -106,6 +107,7 @@ class ArmStore:
     _fd: int | None = field(default=None, repr=False)
     _pending: list = field(default_factory=list, repr=False)
     _pending_since: float = field(default=0.0, repr=False)
+    _last_append: float = field(default=float("-inf"), repr=False)
     _view: tuple | None = field(default=None, repr=False)  # (expected, scans by path, Selection)
     io: dict = field(default_factory=lambda: {"appends": 0, "fsyncs": 0, "fsync_s": 0.0}, repr=False)
 
@@ -177,6 +179,7 @@ class ArmStore:
             if p != self._own and not self._claims.writer_alive(p.stem):
                 repair_torn_tail(p)
         self._fd = os.open(self._own, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self._last_append = time.monotonic()
 
     def _wait_for_repair(self) -> None:
         """Registered first, then look: a repair either sees this writer (and refuses) or is seen here."""
@@ -300,10 +303,13 @@ class ArmStore:
         except OSError as e:
             raise io_error(e, "append records to", self.own_path) from None
         self.io["appends"] += 1
+        now = time.monotonic()
+        # A slow stream (nothing appended for commit_s) has nothing to group with: commit at once.
         if not self._pending:
-            self._pending_since = time.monotonic()
+            self._pending_since = now if now - self._last_append < self.commit_s else now - self.commit_s
+        self._last_append = now
         self._pending.extend((str(r["sample_id"]), int(r["repeat"])) for r in records)
-        if len(self._pending) >= self.commit_max or time.monotonic() - self._pending_since >= self.commit_s:
+        if len(self._pending) >= self.commit_max or now - self._pending_since >= self.commit_s:
             self.commit()
 
     def io_summary(self) -> dict:

@@ -276,6 +276,21 @@ def test_group_commit_acknowledges_only_after_fsync(tmp_path):
     store.close()
 
 
+def test_a_slow_stream_is_fsynced_at_once(tmp_path):
+    """Nothing to group with after a pause of commit_s: the append is acknowledged at once (a slow engine's
+    records do not wait for the next completion to become durable)."""
+    store = ArmStore(tmp_path, "t", FP, {}, commit_s=0.2).open()
+    store.append([rec("s1")])
+    assert store.io["fsyncs"] == 0  # right after open: may be grouped with the next
+    time.sleep(0.3)
+    store.append([rec("s2")])  # 0.3 s later: commits both
+    assert store.io["fsyncs"] == 1 and not store._pending
+    time.sleep(0.3)
+    store.append([rec("s3")])  # after a pause: at once
+    assert store.io["fsyncs"] == 2 and not store._pending
+    store.close()
+
+
 KILLED = r"""
 import os, signal, sys
 from pathlib import Path
