@@ -305,11 +305,12 @@ class ArmStore:
         self.io["appends"] += 1
         now = time.monotonic()
         # A slow stream (nothing appended for commit_s) has nothing to group with: commit at once.
+        slow = now - self._last_append >= self.commit_s
         if not self._pending:
-            self._pending_since = now if now - self._last_append < self.commit_s else now - self.commit_s
+            self._pending_since = now
         self._last_append = now
         self._pending.extend((str(r["sample_id"]), int(r["repeat"])) for r in records)
-        if len(self._pending) >= self.commit_max or now - self._pending_since >= self.commit_s:
+        if slow or len(self._pending) >= self.commit_max or now - self._pending_since >= self.commit_s:
             self.commit()
 
     def io_summary(self) -> dict:
