@@ -1,9 +1,10 @@
 """The records store: append-only JSONL per arm, read with exactly-once rules, safe for concurrent writers.
 
-- `codec`: canonical JSON, fingerprints, the line scanner (a bad line names file:line and is set aside),
-- `reader`: `read_arm` / `select_arm`, the one place that decides which records count,
+- `schema`: the one validation of a record (writer, reader, check and repair),
+- `codec`: canonical JSON, fingerprints, the streaming line scanner (a bad line names file:line and is set aside),
+- `reader`: `read_arm` / `Selection`, the one place that decides which records count,
 - `claims`: O_EXCL claim files so two writers never do the same (sample, repeat),
-- `store`: `ArmStore`, the writer (primary file or a per-writer segment),
+- `store`: `ArmStore`, the writer (primary file or a per-writer segment, group commit),
 - `__main__`: `python -m fp8eval.records check|repair PATH...`.
 """
 

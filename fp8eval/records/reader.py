@@ -104,11 +104,12 @@ class Selection:
     `result`. `fingerprint`/`task` None accept any value (a fingerprint shorter than 64 characters is a
     prefix); `expected` maps each planned (sample, repeat) to its prompt hash (None: planned as skipped
     without a prompt), None accepts every key and prompt; `keep=False` keeps only each winner's identity,
-    status and position (for `check` and `repair` of arms of any size)."""
+    status and position (for `check` and `repair` of arms of any size); `drop` names fields not kept (the
+    report leaves out the completion texts)."""
 
     def __init__(self, fingerprint: str | None, task: str | None,
-                 expected: Mapping[Key, str | None] | None = None, keep: bool = True):
-        self.fingerprint, self.task, self.expected, self.keep = fingerprint, task, expected, keep
+                 expected: Mapping[Key, str | None] | None = None, keep: bool = True, drop: tuple = ()):
+        self.fingerprint, self.task, self.expected, self.keep, self.drop = fingerprint, task, expected, keep, drop
         self.ignored: Counter[str] = Counter()
         self.n_candidates = 0
         self.done: dict[Key, tuple] = {}
@@ -142,6 +143,8 @@ class Selection:
             slot, other = self.err, None
         cur = slot.get(key)
         if cur is None or order > cur[0]:
+            if self.keep and self.drop:
+                rec = {k: v for k, v in rec.items() if k not in self.drop}
             slot[key] = (order, (path, line, pos, length, rec["status"]), rec if self.keep else None)
         if other is not None:
             other.pop(key, None)
@@ -192,14 +195,14 @@ def select_arm(scans: Iterable[FileScan], fingerprint: str | None, task: str | N
 
 def read_arm(path: Path, fingerprint: str | None, task: str | None,
              expected: Mapping[Key, str | None] | None = None, *, keep: bool = True,
-             score_range: Any = "arm") -> ArmRecords:
+             score_range: Any = "arm", drop: tuple = ()) -> ArmRecords:
     """An arm's valid records from its primary file `path` and its writer segments (see Selection);
-    scores are checked against `score_range` ("arm": the one in the arm's .arm.json)."""
+    scores are checked against `score_range` ("arm": the one in the arm's .arm.json); `drop`: fields left out."""
     base = Path(path)
     rng = arm_score_range(base) if score_range == "arm" else score_range
     while True:
         scans = [FileScan(p, rng) for p in arm_files(base)]
-        sel = Selection(fingerprint, task, expected, keep)
+        sel = Selection(fingerprint, task, expected, keep, drop)
         if feed(base, scans, sel):
             return sel.result(scans)
 
