@@ -14,12 +14,11 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 import fp8eval.shard as shards
-from fp8eval.arms import ArmSpec, resolve_arms
+from fp8eval.arms import ArmSpec, open_engines, resolve_arms
 from fp8eval.config import RunConfig, SamplingConfig, kv_fingerprint_view
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.reasoning import split_reasoning
 from fp8eval.core.seeds import derive_seed
-from fp8eval.engines import build_engine
 from fp8eval.engines.attention import check as check_attention_backend
 from fp8eval.engines.base import Request
 from fp8eval.engines.loglikelihood import send
@@ -109,7 +108,6 @@ class Runner:
         self.records_root = Path(cfg.records_dir).expanduser()
         if not self.records_root.is_absolute():
             self.records_root = Path.cwd() / self.records_root
-        self.shared: dict = {}
         self.views: dict[str, ArmRecords] = {}  # kv name -> the arm's valid records (fp8eval.records.read_arm)
         self.claim_poll_s = 2.0  # how often to look again while another process holds claims
 
@@ -389,10 +387,10 @@ class Runner:
         notes: list[str] = []
         # The variant runs first: a configuration an engine cannot serve (fp8 on a CPU build of vLLM,
         # per-head scales without a scales file) fails before any baseline work is spent.
+        door = open_engines(cfg)  # the arms share what they can (the reference engine's loaded model)
         for arm in sorted(arms, key=lambda a: a.role == "baseline"):
             name, role = arm.name, arm.role
-            engine = build_engine(cfg, arm, self.shared)
-            try:
+            with door.engine(arm) as engine:  # closed before the next arm starts (vLLM frees the GPU)
                 backend = check_attention_backend(cfg, engine)  # before any request
                 if task is None:
                     ctx = TaskContext(count_tokens=self._token_counter(engine), max_model_len=engine.max_model_len(),
@@ -409,8 +407,6 @@ class Runner:
                     summaries[name]["attention_backend"] = backend
                 if hasattr(engine, "startup_warnings"):  # vLLM engines: uncalibrated scales, fallbacks
                     summaries[name]["engine_warnings"] = engine.startup_warnings()
-            finally:
-                engine.close()
         summary: dict[str, Any] = {
             "model": cfg.model.name,
             "task": cfg.task.name,

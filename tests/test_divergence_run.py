@@ -65,7 +65,7 @@ class _FakeVLLM:
     kind = "vllm"
     calls = 0
 
-    def __init__(self, cfg, kv, shared=None):
+    def __init__(self, cfg, kv, shared=None, kind=None):
         self.kv = kv
         self.preflight = {"cache_dtype": kv.engine_args.get("kv_cache_dtype", "auto")}
 
@@ -92,7 +92,9 @@ def test_topk_path_with_a_vllm_like_engine(tmp_path, monkeypatch):
     import fp8eval.divergence.run as R
 
     monkeypatch.setattr(R, "load_tokenizer", lambda model: _FakeTok())
-    monkeypatch.setattr(R, "build_engine", _FakeVLLM)
+    import fp8eval.arms as A
+
+    monkeypatch.setattr(A, "build_engine", _FakeVLLM)  # every wing opens its engines through fp8eval.arms
     monkeypatch.setattr(R, "resolve_kind", lambda cfg: "vllm")
     cfg = _cfg(tmp_path, "kv=fp8", "engine=vllm", "divergence.lengths=[300]", "divergence.topk=5",
                "divergence.plot=true")

@@ -131,7 +131,8 @@ def _fake_result() -> dict:
 def test_skip_list_override_and_written_kv_option_compose(tmp_path):
     from conftest import compose
 
-    from fp8eval.engines.vllm_common import merged_engine_args
+    from fp8eval.arms import arm_spec
+    from fp8eval.engines.vllm.args import vllm_engine_args
     from fp8eval.overrides import free_dict_overrides
     from fp8eval.sensitivity import outputs
 
@@ -139,7 +140,7 @@ def test_skip_list_override_and_written_kv_option_compose(tmp_path):
     assert argv[1].startswith("++")
     cfg = compose(argv)
     assert list(cfg.kv.engine_args["kv_cache_dtype_skip_layers"]) == [2, 7]
-    assert merged_engine_args(cfg, cfg.kv)["kv_cache_dtype_skip_layers"] == ["2", "7"]  # vLLM: list[str]
+    assert vllm_engine_args(cfg, arm_spec(cfg, cfg.kv))["kv_cache_dtype_skip_layers"] == ["2", "7"]  # vLLM: list[str]
 
     (tmp_path / "conf" / "kv").mkdir(parents=True)
     text = outputs.kv_option_yaml(_fake_result(), cfg.kv)
@@ -158,12 +159,12 @@ ISSUE_FIELDS = {"index", "attention_type", "k_amax", "v_amax", "sat_rate", "ftz_
 
 def _flow(model: str, length: int):
     from fp8eval.sensitivity.passes import Passes
-    from fp8eval.sensitivity.run import baseline_kv, run
+    from fp8eval.sensitivity.run import run
 
     cfg = compose_sensitivity([f"model={model}", f"sensitivity.lengths=[{length}]", "sensitivity.progress=false",
                                "engine.threads=1"])
     try:
-        result = run(cfg, baseline_kv(cfg.baseline, cfg.model.name), log=lambda *a: None)
+        result = run(cfg, log=lambda *a: None)
     except Exception as e:
         if "embedded model" in str(e):
             pytest.skip(f"embedded model unavailable: {e}")
@@ -200,12 +201,12 @@ def test_smollm2_flow_fields_and_the_skip_list_lowers_divergence(smollm2_flow, t
 
 @pytest.mark.slow
 def test_all_layers_skipped_gives_zero_divergence(smollm2_flow):
+    from fp8eval.arms import open_engines, resolve_arms
     from fp8eval.divergence.measures import BucketAccumulator
     from fp8eval.sensitivity.passes import Baseline, Passes, compare
-    from fp8eval.sensitivity.run import baseline_kv
 
     cfg, _, _ = smollm2_flow
-    p = Passes(cfg, baseline_kv("bf16", cfg.model.name))
+    p = Passes(cfg, open_engines(cfg), resolve_arms(cfg))
     doc = p.passages(1, [24])[0]
     base = Baseline(p, p.hidden(p.bf16, doc.ids), 1.0)
     zero, full = BucketAccumulator(), BucketAccumulator()

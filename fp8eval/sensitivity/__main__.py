@@ -25,12 +25,12 @@ def main(cfg: DictConfig) -> None:
     heatmap) and the run directory; exit 2 on an fp8eval error."""
     from fp8eval.core.errors import Fp8evalError
     from fp8eval.sensitivity import outputs
-    from fp8eval.sensitivity.run import baseline_kv, run
+    from fp8eval.sensitivity.run import run
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     typed = OmegaConf.to_object(cfg)
     try:
-        result = run(typed, baseline_kv(typed.baseline, typed.model.name))
+        result = run(typed)
     except Fp8evalError as e:
         print(f"\nfp8eval.sensitivity: {e}", file=sys.stderr)
         sys.exit(2)

@@ -13,13 +13,13 @@ import dataclasses
 
 import numpy as np
 
-from fp8eval.config import KVConfig
 from fp8eval.divergence import measures as M
 from fp8eval.divergence import sources
 from fp8eval.divergence.documents import Passage, passages
-from fp8eval.engines import build_engine, resolve_kind
+from fp8eval.engines import resolve_kind
 from fp8eval.engines.base import EngineError
 from fp8eval.engines.kvcache import KVPolicy
+from fp8eval.engines.spec import ArmSpec
 
 
 class SensitivityError(EngineError):
@@ -40,16 +40,17 @@ def layer_types(config, n_layers: int) -> list[str]:
 class Passes:
     """The loaded model, the BF16 and arm policies, and prefill passes under any skip list."""
 
-    def __init__(self, cfg, baseline_kv: KVConfig):
+    def __init__(self, cfg, door, arms: list[ArmSpec]):
+        """`arms` as `fp8eval.arms.resolve_arms` gives them ([baseline, variant], or one arm), opened through
+        `door` (an `fp8eval.arms.ArmEngines`: both engines share one loaded model)."""
         if resolve_kind(cfg) != "reference":
             raise SensitivityError(
                 f"python -m fp8eval.sensitivity runs on the reference engine (engine=reference), which can "
                 f"switch each layer's cache format between passes; engine={cfg.engine.kind} resolved to "
                 f"{resolve_kind(cfg)}. Evaluate its recommended skip list on any engine with "
                 f"`python -m fp8eval ... kv.engine_args.kv_cache_dtype_skip_layers=[...]`.")
-        shared: dict = {}
-        self.engine = build_engine(cfg, cfg.kv, shared)
-        base = build_engine(cfg, baseline_kv, shared)
+        self.engine = door.open(arms[-1])
+        base = door.open(arms[0])
         if self.engine.cache_dtype in ("auto", "bfloat16"):
             raise SensitivityError(f"kv={cfg.kv.name} keeps a {self.engine.cache_dtype} cache: nothing to rank. "
                                    f"Use an FP8 kv option (kv=fp8, fp8_e5m2, fp8_calibrated, fp8_per_head).")

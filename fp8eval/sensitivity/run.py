@@ -7,6 +7,7 @@ import sys
 from dataclasses import dataclass
 from typing import Callable
 
+from fp8eval.arms import ArmEngines, open_engines, resolve_arms
 from fp8eval.divergence import measures as M
 from fp8eval.sensitivity import ranking
 from fp8eval.sensitivity.config import SensitivityRunConfig, validate
@@ -42,8 +43,14 @@ class Cost:
                 f"{f' (up to {self.total + self.refine * self.n_units})' if self.refine else ''}")
 
 
-def run(cfg: SensitivityRunConfig, baseline_kv, log: Callable[[str], None] = print) -> dict:
-    """Measure everything and return the sensitivity.json content (written by `outputs`)."""
+def run(cfg: SensitivityRunConfig, log: Callable[[str], None] = print) -> dict:
+    """Measure everything and return the sensitivity.json content (written by `outputs`); the arms and their
+    engines come through `fp8eval.arms` (the baseline composed by Hydra like the variant)."""
+    with open_engines(cfg) as door:
+        return _run(cfg, door, log)
+
+
+def _run(cfg: SensitivityRunConfig, door: ArmEngines, log: Callable[[str], None]) -> dict:
     s = cfg.sensitivity
     problems = validate(s)
     if problems:
@@ -52,7 +59,11 @@ def run(cfg: SensitivityRunConfig, baseline_kv, log: Callable[[str], None] = pri
     if too_long:
         raise SensitivityError(f"sensitivity.lengths {too_long} exceed model.max_model_len={cfg.model.max_model_len}")
     edges = tuple(s.edges)
-    passes = Passes(cfg, baseline_kv)
+    arms = resolve_arms(cfg)
+    if arms[0].role == "single":
+        raise SensitivityError("sensitivity compares every layer with a BF16 baseline arm: baseline=none has none; "
+                               "use baseline=bf16")
+    passes = Passes(cfg, door, arms)
     if passes.ignored_skip:
         log(f"sensitivity: kv={cfg.kv.name} skips {passes.ignored_skip}; every layer is measured, so that list "
             f"is ignored here (the recommendation replaces it)")
@@ -171,9 +182,3 @@ def _bar(total: int, enabled: bool):
 
     return tqdm(total=total, unit="pass", disable=not enabled, file=sys.stderr, dynamic_ncols=True)
 
-
-def baseline_kv(name: str, model_name: str):
-    """The baseline kv option, composed by Hydra as `python -m fp8eval` composes its baseline arm."""
-    from fp8eval.arms import compose_kv
-
-    return compose_kv(name, model_name)
