@@ -25,6 +25,7 @@ from fp8eval.engines.loglikelihood import send
 from fp8eval.engines.parallel import fingerprint_view
 from fp8eval.engines.prompting import prompt_text_for
 from fp8eval.metrics.arm import arm_summary, paired_recovery
+from fp8eval.metrics.pairing import value_recovery
 from fp8eval.records import RECORD_SCHEMA, ArmRecords, ArmStore, fingerprint_hash
 from fp8eval.scoring.pool import Scorer, auto_workers
 from fp8eval.tasks import task_class
@@ -123,8 +124,9 @@ class Runner:
         items: list[PlannedItem] = []
         count = task.ctx.count_tokens
         max_len = engine.max_model_len()
-        all_samples = list(task.samples())
-        check_samples(task.name, all_samples, getattr(self.cfg.task, "data_files", None))
+        every = list(task.samples())
+        check_samples(task.name, every, getattr(self.cfg.task, "data_files", None))
+        all_samples = task.limit_samples(every)  # task.limit, by the task's rule (Task.limit_samples)
         # A shard plans (and counts the tokens of) only its own samples.
         samples = shards.mine(all_samples, shards.parse(self.cfg.shard), key=lambda s: s.id)
         bar = _Progress(len(samples), "building prompts", self.cfg.progress and len(samples) > 20)
@@ -425,7 +427,7 @@ class Runner:
                                                   self.views[arms[1].name].records)
             for key in getattr(task, "recovery_keys", ()):  # task metrics that are not a mean (MRCR AUC)
                 b, v = summaries[arms[0].name].get(key), summaries[arms[1].name].get(key)
-                summary["recovery"][key] = 100.0 * v / b if b and v is not None else None
+                summary["recovery"][key] = value_recovery(b, v)
         summary["wall_s"] = round(time.perf_counter() - t0, 2)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n",
