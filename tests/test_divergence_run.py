@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from fp8eval.divergence.__main__ import register  # noqa: E402
 from fp8eval.divergence.run import run  # noqa: E402
-from fp8eval.registry import register_divergence_configs  # noqa: E402
 
 
 def _cfg(tmp_path, *overrides):
@@ -17,7 +17,7 @@ def _cfg(tmp_path, *overrides):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    register_divergence_configs()
+    register()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="divergence", overrides=[
             f"records_dir={tmp_path / 'records'}", "divergence.lengths=[96]", "divergence.plot=false",

@@ -24,9 +24,9 @@ def compose_sensitivity(overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from fp8eval.registry import register_sensitivity_configs
+    from fp8eval.sensitivity.__main__ import register
 
-    register_sensitivity_configs()
+    register()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="sensitivity", overrides=overrides)
     return OmegaConf.to_object(cfg)

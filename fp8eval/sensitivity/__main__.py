@@ -13,10 +13,16 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from fp8eval.core.paths import display_path
-from fp8eval.registry import register_sensitivity_configs
-from fp8eval.sensitivity.config import unknown_key_message
+from fp8eval.registry import register_wing
+from fp8eval.sensitivity.config import SensitivityRunConfig, unknown_key_message
 
-register_sensitivity_configs()
+
+def register() -> None:
+    """ConfigStore: the shared groups and `sensitivity_schema` (conf/sensitivity.yaml)."""
+    register_wing("sensitivity_schema", SensitivityRunConfig)
+
+
+register()
 
 
 @hydra.main(config_path="../../conf", config_name="sensitivity", version_base="1.3")
