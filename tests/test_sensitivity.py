@@ -158,11 +158,14 @@ ISSUE_FIELDS = {"index", "attention_type", "k_amax", "v_amax", "sat_rate", "ftz_
 
 
 def _flow(model: str, length: int):
+    import tempfile
+
     from fp8eval.sensitivity.passes import Passes
     from fp8eval.sensitivity.run import run
 
+    records = tempfile.mkdtemp(prefix="fp8eval-sensitivity-")
     cfg = compose_sensitivity([f"model={model}", f"sensitivity.lengths=[{length}]", "sensitivity.progress=false",
-                               "engine.threads=1"])
+                               "engine.threads=1", f"records_dir={records}"])
     try:
         result = run(cfg, log=lambda *a: None)
     except Exception as e:
@@ -197,6 +200,18 @@ def test_smollm2_flow_fields_and_the_skip_list_lowers_divergence(smollm2_flow, t
     data = json.loads((tmp_path / "sensitivity.json").read_text())
     assert data["recommended_skip_layers"] == result["recommended_skip_layers"]
     assert {p.name for p in written} >= {"sensitivity.json", "kv_skip_recommended.yaml", "sensitivity.md"}
+
+
+@pytest.mark.slow
+def test_a_rerun_resumes_every_pass_and_gives_the_same_numbers(smollm2_flow):
+    from fp8eval.sensitivity.run import run
+
+    cfg, first, _ = smollm2_flow
+    assert first["passages_reused"] == 0 and len(first["fingerprint"]) == 64
+    again = run(cfg, log=lambda *a: None)
+    assert again["passages_reused"] == len(first["passages"]) and again["fingerprint"] == first["fingerprint"]
+    assert {k: v for k, v in again.items() if k != "passages_reused"} == \
+        {k: v for k, v in first.items() if k != "passages_reused"}
 
 
 @pytest.mark.slow

@@ -121,7 +121,7 @@ class Baseline:
 
     def __init__(self, passes: Passes, hidden: np.ndarray, keep_gib: float):
         self.passes, self.hidden = passes, hidden
-        self.step = max(16, (1 << 24) // passes.vocab)  # ~16M logits a slice, as the probe does
+        self.step = slice_step(passes.vocab)
         self.keep = hidden.shape[0] * passes.vocab * 4 <= keep_gib * 2**30
         self._slices: dict[int, object] = {}
 
@@ -139,12 +139,34 @@ class Baseline:
         self._slices.clear()
 
 
-def compare(passes: Passes, base: Baseline, h_var: np.ndarray, *into: M.BucketAccumulator) -> None:
-    """Add, per position, KL(bf16 || variant), top-1 agreement and |delta logprob| of the BF16 argmax to
-    each accumulator (several passages pool token-weighted, as the probe pools them)."""
+def slice_step(vocab: int) -> int:
+    """Positions per slice of logits (~16M logits a slice, as the probe does)."""
+    return max(16, (1 << 24) // vocab)
+
+
+def measure(passes: Passes, base: Baseline, h_var: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per position: KL(bf16 || variant), top-1 agreement and |delta logprob| of the BF16 argmax, as arrays
+    (what a passage's results file keeps; `replay` adds them to accumulators)."""
+    parts = []
     for start in range(0, h_var.shape[0], base.step):
         lb = base.slice(start)
         lv = passes.logits(h_var[start:start + base.step])
-        measured = (M.kl_from_logits(lb, lv), M.top1_from_logits(lb, lv), M.dlogp_from_logits(lb, lv))
+        parts.append(tuple(M._as_np(x) for x in (M.kl_from_logits(lb, lv), M.top1_from_logits(lb, lv),
+                                                  M.dlogp_from_logits(lb, lv))))
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
+
+
+def replay(measured, step: int, *into: M.BucketAccumulator) -> None:
+    """Add measured per-position arrays to each accumulator a slice of `step` positions at a time: the
+    same additions, in the same order, as measuring them did (so a resumed run sums to the same floats)."""
+    kl, top1, dlogp = measured
+    for start in range(0, len(kl), step):
+        end = min(start + step, len(kl))
         for acc in into:
-            acc.add(np.arange(start, start + lv.shape[0]), *measured)
+            acc.add(np.arange(start, end), kl[start:end], top1[start:end], dlogp[start:end])
+
+
+def compare(passes: Passes, base: Baseline, h_var: np.ndarray, *into: M.BucketAccumulator) -> None:
+    """Add, per position, KL(bf16 || variant), top-1 agreement and |delta logprob| of the BF16 argmax to
+    each accumulator (several passages pool token-weighted, as the probe pools them)."""
+    replay(measure(passes, base, h_var), base.step, *into)
