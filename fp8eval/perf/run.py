@@ -124,10 +124,11 @@ def client_overhead(m: Measurer, p, tokenizer: str | None, log: Callable[[str], 
 def run(cfg, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Measure every arm, write perf.json (+ plots) into run_dir and return it."""
     p = cfg.perf
-    names = list(p.arms) or [n for n in (cfg.baseline, cfg.kv.name) if n and n != "none"]
-    names = list(dict.fromkeys(names))
     acfg = perf_cfg(cfg, p.dummy_weights)
-    kvs = {a.name: a for a in resolve_arms(acfg, names)}  # the one door: arms composed like the runner's
+    # The one door: arms composed like the runner's (a BF16 control arm included); perf.arms lists them.
+    arms = resolve_arms(acfg, list(p.arms)) if p.arms else resolve_arms(acfg)
+    names = [a.name for a in arms]
+    kvs = {a.name: a for a in arms}
     with open_engines(acfg, kind="server") as door:  # one server per arm, closed on the way out
         return _run(cfg, p, names, kvs, door, run_dir, log)
 
@@ -141,7 +142,8 @@ def _run(cfg, p, names: list[str], kvs: dict, door: ArmEngines, run_dir: Path, l
         client = "builtin"
     bench_dir = run_dir / "bench"
     result: dict[str, Any] = {"schema": PERF_SCHEMA, "model": cfg.model.name, "dummy_weights": bool(p.dummy_weights),
-                              "client": client, "baseline": names[0], "variant": cfg.kv.name, "arms": {},
+                              "client": client, "baseline": names[0],
+                              "variant": next((n for n, a in kvs.items() if a.role == "variant"), cfg.kv.name), "arms": {},
                               "settings": _settings(p), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if p.measure_client_overhead and client == "builtin":
         # First, so a run stopped by a time limit still has it (it needs no server of the arm's).
