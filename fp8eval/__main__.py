@@ -5,7 +5,6 @@ The last line printed on stdout is the run directory (other tools read it).
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from omegaconf.errors import InterpolationResolutionError
 from fp8eval.bounds import RUN_RULES, check_names, check_numbers
 from fp8eval.calibrate.config import CalibrationError
 from fp8eval.core.errors import Fp8evalError
+from fp8eval.core.jsonio import write_json
 from fp8eval.core.paths import CONF_DIR, display_path
 from fp8eval.core.secrets import redact_files
 from fp8eval.core.signals import exit_on_sigterm, interrupt_exit_code
@@ -58,10 +58,8 @@ def main(cfg: DictConfig) -> None:
             print("dry run: no model loaded, no request sent")
             return
     try:
-        if typed.suite is not None:
-            _run_suite(typed, run_dir)
-        else:
-            _run_one(typed, run_dir)
+        summaries = _run_suite(typed, run_dir) if typed.suite is not None else {"": _run_one(typed, run_dir)}
+        _refuse_unscored(summaries, run_dir)
     except Fp8evalError as e:
         print(f"\nfp8eval: {e}", file=sys.stderr)
         sys.exit(2)
@@ -74,15 +72,21 @@ def _run_one(typed, run_dir: Path) -> dict:
     summary = Runner(typed, run_dir).run()
     print()
     print(format_table(summary))
-    unscored = [f"kv={n} ({a.get('n_errors')} errors, {a.get('n_skipped')} skipped of {a.get('n_records')} records)"
-                for n, a in summary["arms"].items() if not a.get("n_scored")]
-    if unscored:
-        raise Fp8evalError(f"no scored sample in {'; '.join(unscored)}: there is no score to compare "
-                           f"(summary.json written in {display_path(run_dir)}; errors are retried by a rerun)")
     return summary
 
 
-def _run_suite(typed, run_dir: Path) -> None:
+def _refuse_unscored(summaries: dict[str, dict], run_dir: Path) -> None:
+    """An arm without one scored sample has no score to compare: one line and a non-zero exit (after every
+    task of a suite ran and every summary.json is written)."""
+    unscored = [f"{f'{task} ' if task else ''}kv={n} ({a.get('n_errors')} errors, {a.get('n_skipped')} skipped of "
+                f"{a.get('n_records')} records)"
+                for task, s in summaries.items() for n, a in s["arms"].items() if not a.get("n_scored")]
+    if unscored:
+        raise Fp8evalError(f"no scored sample in {'; '.join(unscored)}: there is no score to compare "
+                           f"(summary.json written in {display_path(run_dir)}; errors are retried by a rerun)")
+
+
+def _run_suite(typed, run_dir: Path) -> dict[str, dict]:
     """Each task of the suite composed as `task=<name>` with the user's other overrides, in its own
     subdirectory with its own saved config, so the report reads each like a single run."""
     user = [o for o in HydraConfig.get().overrides.task
@@ -98,7 +102,8 @@ def _run_suite(typed, run_dir: Path) -> None:
     suite = {"model": typed.model.name, "task": f"suite:{typed.suite.name}", "suite": list(typed.suite.tasks),
              "tasks": {n: str(run_dir / n / "summary.json") for n in summaries},
              "recovery": {n: (s.get("recovery") or {}).get("overall") for n, s in summaries.items()}}
-    (run_dir / "suite.json").write_text(json.dumps(suite, indent=2) + "\n", encoding="utf-8")
+    write_json(run_dir / "suite.json", suite)
+    return summaries
 
 
 def _write_report(run_dir: Path) -> None:
