@@ -170,8 +170,9 @@ def _load_arm(model: str, task: str, kv: str, fp: str, path: Path, arm_summary: 
               run_dir: Path) -> Arm:
     """The arm's records as the runner counts them (fp8eval.records.read_arm: one per (sample, repeat),
     the last done one; foreign, corrupt and duplicate lines set aside and counted in `n_duplicates`)."""
-    # The report never shows completion texts: leaving them out keeps a large arm's memory small.
-    view = read_arm(path, fp if len(fp) == 64 else None, task, drop=("completion", "reasoning", "score_details"))
+    # The report never shows completion texts nor per-record sampling: leaving them out keeps a large arm small.
+    view = read_arm(path, fp if len(fp) == 64 else None, task,
+                    drop=("completion", "reasoning", "score_details", "sampling", "skip_reason"))
     records = [Record(rec, where[1]) for rec, where in zip(view.records, view.where)]
     return Arm(model, task, kv, fp, path, records, arm_summary, [run_dir], kv, sum(view.ignored.values()))
 
