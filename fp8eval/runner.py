@@ -242,6 +242,8 @@ class Runner:
         stats = engine.prefill_stats() if sent and hasattr(engine, "prefill_stats") else None
         if stats:  # this invocation's prefill work, from the engine's own counters
             summary["engine_prefill"] = stats
+        if hasattr(engine, "pool_stats"):  # a replica pool: replicas dropped or ejected, failures per replica
+            summary["replica_pool"] = engine.pool_stats()
         summary.update(task.summarize(summary, view.records))
         return summary
 

@@ -206,10 +206,13 @@ class FakeOpenAIServer:
                     for i in range(n):
                         text = (server.answer_fn(messages, i, body.get("seed")) if server.answer_fn
                                 else answer_for(messages, i))
+                        finish = "stop"
+                        if body.get("max_tokens") and len(text.split()) > body["max_tokens"]:
+                            text, finish = " ".join(text.split()[: body["max_tokens"]]), "length"  # one word a token
                         message = {"role": "assistant", "content": text}
                         if server.reasoning:
                             message["reasoning_content"] = f"thinking about choice {i}"
-                        choices.append({"index": i, "message": message, "finish_reason": "stop",
+                        choices.append({"index": i, "message": message, "finish_reason": finish,
                                         "token_ids": list(range(len(text.split())))})
                     prompt_tokens = len(" ".join(m["content"] for m in messages).split())
                     key = messages[-1]["content"]
