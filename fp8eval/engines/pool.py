@@ -313,6 +313,7 @@ class PoolEngine:
         # The outcomes of one checked attempt (fp8eval.engines.server.client.Endpoint.attempt).
         if isinstance(exc, Unreachable):  # refused, reset, cut mid-body, or past the deadline
             if not rep.alive or not await asyncio.to_thread(rep.engine._healthy):
+                rep.failed_total += 1
                 self._drop(rep, f"{_short(exc)}; /health does not answer")
                 pending.appendleft((req, attempt, rep.index))  # not the request's fault: no attempt counted
                 return
