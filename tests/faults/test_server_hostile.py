@@ -13,12 +13,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from conftest import run_inprocess  # noqa: E402
 from fake_openai_server import FakeOpenAIServer, answer_for  # noqa: E402
+from test_server_faults import BF16, SECRET, generate, make_cfg, needle_answer, reqs  # noqa: E402,F401
 
 from fp8eval.engines.base import EngineError  # noqa: E402
 from fp8eval.engines.pool import build_server_engine  # noqa: E402
 from fp8eval.engines.server import ServerEngine, transport  # noqa: E402
-
-from test_server_faults import BF16, SECRET, generate, make_cfg, needle_answer, reqs  # noqa: E402,F401
 
 MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"  # model=smollm2-135m's hf_id, as the server calls it
 
