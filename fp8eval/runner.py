@@ -18,6 +18,7 @@ from fp8eval.arms import ArmSpec, resolve_arms
 from fp8eval.config import RunConfig, SamplingConfig, kv_fingerprint_view
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.reasoning import split_reasoning
+from fp8eval.core.secrets import redact_obj
 from fp8eval.core.seeds import derive_seed
 from fp8eval.engines import build_engine
 from fp8eval.engines.attention import check as check_attention_backend
@@ -434,7 +435,7 @@ class Runner:
                 summary["recovery"][key] = 100.0 * v / b if b and v is not None else None
         summary["wall_s"] = round(time.perf_counter() - t0, 2)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n",
+        (self.run_dir / "summary.json").write_text(json.dumps(redact_obj(summary), indent=2, sort_keys=False) + "\n",
                                                    encoding="utf-8")
         return summary
 

@@ -28,9 +28,9 @@ from typing import Any
 
 import openai
 
+import fp8eval.engines.server.transport as transport
 from fp8eval.core.secrets import redact
 from fp8eval.engines.base import Completion, EngineError, Request
-from fp8eval.engines.server import transport
 from fp8eval.engines.server.answers import BadAnswer, error_completion, parse_answer
 
 _CHAT_KEYS = ("temperature", "top_p", "max_tokens", "stop", "presence_penalty", "frequency_penalty")

@@ -23,11 +23,11 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import fp8eval.engines.server.transport as transport
 from fp8eval.core.secrets import redact
 from fp8eval.engines import async_bridge
 from fp8eval.engines import vllm_common as vc
 from fp8eval.engines.base import Completion, EngineError, Request
-from fp8eval.engines.server import transport
 from fp8eval.engines.server.answers import error_completion
 from fp8eval.engines.server.client import Endpoint
 from fp8eval.engines.server.managed import ManagedServerMixin

@@ -11,10 +11,10 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import fp8eval.engines.server.transport as transport
 from fp8eval.core.secrets import redact
 from fp8eval.engines import vllm_common as vc
 from fp8eval.engines.base import EngineError
-from fp8eval.engines.server import transport
 
 # cache_config_info labels that describe the machine's capacity, not the computation: measured at
 # start-up (free memory), so they would change the fingerprint of a restarted, identical server.
