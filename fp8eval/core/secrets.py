@@ -94,8 +94,9 @@ def redact_file(path: Path) -> bool:
     return True
 
 
-# Text files a run directory holds; larger ones (none are expected) are skipped, not read whole.
-TEXT_SUFFIXES = {".yaml", ".yml", ".json", ".jsonl", ".md", ".csv", ".html", ".txt", ".log", ".tsv"}
+# Text files a run directory holds (not .jsonl: a records file keeps model output verbatim); larger ones
+# (none are expected) are skipped, not read whole.
+TEXT_SUFFIXES = {".yaml", ".yml", ".json", ".md", ".csv", ".html", ".txt", ".log", ".tsv"}
 MAX_REDACT_BYTES = 256 * 1024 * 1024
 
 
