@@ -70,6 +70,7 @@ class FakeOpenAIServer:
         self.completed: list[str] = []  # request ids (first user message) answered with 200
         self.auth_headers: list[str] = []
         self.headers_seen: list[tuple[str, dict[str, str]]] = []  # (path, headers) of every request
+        self.hostile_paths: dict[str, str] = {}  # path -> "trickle" | "cut": how every answer to it is sent
         self.bodies: list[dict] = []
         self._conns: list[socket.socket] = []
         self._httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
@@ -186,6 +187,8 @@ class FakeOpenAIServer:
                 with server.lock:
                     server.auth_headers.append(self.headers.get("Authorization", ""))
                     server.headers_seen.append((self.path, dict(self.headers.items())))
+                if self.path in server.hostile_paths:
+                    return self._send_badly(server.hostile_paths[self.path], json.dumps({"count": 3}).encode())
                 if self.path == "/tokenize" and body.get("add_special_tokens") is not None and "prompt" in body:
                     ids = [token_id(t) for t in word_tokens(body["prompt"])]
                     ids = ([1] if body["add_special_tokens"] else []) + ids  # BOS id 1

@@ -209,3 +209,33 @@ def test_default_headers_must_be_text():
     with FakeOpenAIServer() as srv:
         with pytest.raises(EngineError, match="engine.default_headers must map header names to text"):
             ServerEngine(make_cfg(srv.url, default_headers={"X-Team": ["a"]}), BF16)
+
+
+def test_plain_requests_have_the_deadline_too():
+    """/tokenize (and the lm-eval scoring requests, same path: ServerEngine.post_json) trickled one byte a
+    second: cut by the deadline, retried, then one clear error."""
+    from fp8eval.engines.base import Request
+
+    with FakeOpenAIServer() as srv:
+        srv.hostile_paths["/tokenize"] = "trickle"
+        eng = ServerEngine(make_cfg(srv.url, request_timeout_s=1.5, max_retries=1), BF16)
+        t0 = time.monotonic()
+        try:
+            with pytest.raises(EngineError, match=r"/tokenize failed 2 times \(ReadTimeout: no complete answer"):
+                eng.count_prompt_tokens(Request(id="t", messages=({"role": "user", "content": "a"},), n=1,
+                                                seeds=(1,), sampling={}))
+        finally:
+            eng.close()
+        took = time.monotonic() - t0
+    assert took < 8, took
+
+
+def test_impossible_metrics_counters_give_no_prefill_figure():
+    """engine_prefill comes from /metrics deltas; hits above the prompt tokens or negative deltas (a server
+    restarted mid-run) give no figure rather than a hit rate outside [0, 1]."""
+    from fp8eval.engines.vllm.stats import prefill_stats
+
+    assert prefill_stats({"prompt_tokens": 100.0, "prefix_cache_hits": 25.0})["prefix_cache_hit_rate"] == 0.25
+    for bad in ({"prompt_tokens": 100.0, "prefix_cache_hits": 3957783.0}, {"prompt_tokens": -5.0},
+                {"prompt_tokens": 10.0, "prefix_cache_hits": -1.0}, {"prompt_tokens": float("inf")}):
+        assert prefill_stats(bad) is None, bad
