@@ -172,12 +172,16 @@ def make_async_client(root: str, api_key: str, *, deadline_s: float, max_retries
 
 
 def sdk_headers(api_key: str, organization: str | None, default_headers: dict[str, str] | None) -> dict[str, str]:
-    """The auth headers the SDK sends, for the plain requests it has no method for (/tokenize, /metrics)."""
-    headers = {"Authorization": f"Bearer {api_key}"}
-    if organization:
-        headers["OpenAI-Organization"] = organization
-    headers.update(default_headers or {})
-    return headers
+    """The headers the SDK itself sends (bearer key, organization and project, also from OPENAI_ORG_ID /
+    OPENAI_PROJECT_ID, default_headers, its User-Agent), for the plain requests it has no method for
+    (/tokenize, /metrics, /version, scoring): asked of an `openai.OpenAI` client, so they cannot drift."""
+    client = openai.OpenAI(api_key=api_key, organization=organization, base_url="http://127.0.0.1/v1",
+                           default_headers=dict(default_headers or {}), http_client=httpx.Client())
+    try:
+        defaults = {k: v for k, v in client.default_headers.items() if isinstance(v, str) and k != "Content-Type"}
+        return {**client.auth_headers, **defaults}
+    finally:
+        client.close()
 
 
 def make_sync_client(deadline_s: float, headers: dict[str, str]) -> httpx.Client:
