@@ -123,6 +123,8 @@ class Endpoint:
             bad = BadAnswer(str(exc))
             bad.partial = None
             raise bad from None
+        except openai.OpenAIError as exc:  # anything else the SDK raises on the way: no answer
+            raise Unreachable(f"{type(exc).__name__}: {redact(exc)}") from None
         finally:
             transport.ANSWER_LIMIT.reset(token)
         try:
