@@ -38,7 +38,7 @@ def test_a_one_byte_per_second_answer_is_cut_by_the_overall_deadline():
                                               r"deadline \(engine.request_timeout_s\)"):
             generate(srv, reqs(1, 1), request_timeout_s=2, max_retries=0)
         took = time.monotonic() - t0
-    assert 1.9 < took < 6, took
+    assert 1.9 < took < 15, took  # ~2.6 s; a trickled answer of ~300 bytes would take 5 minutes
 
 
 def test_the_deadline_holds_through_the_cli_with_request_timeout_5(tmp_path):
@@ -52,7 +52,7 @@ def test_the_deadline_holds_through_the_cli_with_request_timeout_5(tmp_path):
                                      "engine.max_retries=0", "kv=bf16", "baseline=none", "task.lengths=[512]",
                                      "task.depths=[0]", "task.needles_per_cell=1", "engine.concurrency=1"])
         took = time.monotonic() - t0
-    assert took < 12, took
+    assert took < 30, took  # ~7 s at load 9; the trickle alone would take minutes
 
 
 @pytest.mark.parametrize("value", [0, -1, "nan", "inf"])
@@ -83,7 +83,7 @@ def test_a_50_mb_answer_to_a_32_token_request_is_refused():
         took = time.monotonic() - t0
     [choice] = got["q0"].choices
     assert choice.finish_reason == "error" and "bytes, the bound for this request" in choice.error
-    assert choice.text == "" and took < 10
+    assert choice.text == "" and took < 60  # ~2.3 s, most of it the server building 50 MB twice
 
 
 def test_one_huge_answer_among_good_ones_is_retried_and_the_run_is_clean():
@@ -227,7 +227,7 @@ def test_plain_requests_have_the_deadline_too():
         finally:
             eng.close()
         took = time.monotonic() - t0
-    assert took < 8, took
+    assert took < 20, took  # ~3.5 s: two 1.5 s deadlines
 
 
 def test_impossible_metrics_counters_give_no_prefill_figure():
