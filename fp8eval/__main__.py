@@ -19,7 +19,7 @@ from fp8eval.calibrate.config import CalibrationError
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.jsonio import write_json
 from fp8eval.core.paths import CONF_DIR, display_path
-from fp8eval.core.secrets import redact_files
+from fp8eval.core.secrets import guard_std_streams, redact_files, redact_obj
 from fp8eval.core.signals import exit_on_sigterm, interrupt_exit_code
 from fp8eval.overrides import check_overrides, free_dict_overrides
 from fp8eval.registry import register_configs
@@ -102,7 +102,7 @@ def _run_suite(typed, run_dir: Path) -> dict[str, dict]:
     suite = {"model": typed.model.name, "task": f"suite:{typed.suite.name}", "suite": list(typed.suite.tasks),
              "tasks": {n: str(run_dir / n / "summary.json") for n in summaries},
              "recovery": {n: (s.get("recovery") or {}).get("overall") for n, s in summaries.items()}}
-    write_json(run_dir / "suite.json", suite)
+    write_json(run_dir / "suite.json", redact_obj(suite))
     return summaries
 
 
@@ -117,6 +117,7 @@ def _write_report(run_dir: Path) -> None:
 
 
 if __name__ == "__main__":
+    guard_std_streams()  # every line printed, Hydra's errors included, is redacted (fp8eval.core.secrets)
     exit_on_sigterm()  # SIGTERM behaves like Ctrl-C: one line, records kept (exit 143)
     check_overrides(sys.argv[1:])
     sys.argv[1:] = free_dict_overrides(sys.argv[1:])
