@@ -163,6 +163,17 @@ class PlanConfig:
 
 
 @dataclass
+class StatsConfig:
+    """How a run judges its variant (fp8eval.metrics.verdict, docs/statistics.md): pass only when the
+    recovery CI's lower end is at or above `gate`, fail when its upper end is below, else inconclusive."""
+
+    gate: float = 95.0  # recovery % the variant must keep
+    alpha: float = 0.05  # two-sided: CIs at 1 - alpha (so a pass is non-inferiority at alpha / 2)
+    power: float = 0.8  # of the minimum detectable drop (`mde_pts`)
+    right_at: float = 0.5  # a record is "right" at this score (lost / gained counts)
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = MISSING
     kv: KVConfig = MISSING
@@ -186,6 +197,7 @@ class RunConfig:
     # Print the plan (GPUs, requests, prefill tokens, GPU-hours) and exit 0 without loading a model.
     dry_run: bool = False
     plan: PlanConfig = field(default_factory=PlanConfig)
+    stats: StatsConfig = field(default_factory=StatsConfig)
 
 
 @dataclass

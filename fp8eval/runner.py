@@ -25,7 +25,8 @@ from fp8eval.engines.base import Request
 from fp8eval.engines.loglikelihood import send
 from fp8eval.engines.parallel import fingerprint_view
 from fp8eval.engines.prompting import prompt_text_for
-from fp8eval.metrics.arm import arm_summary, paired_recovery
+from fp8eval.metrics.arm import arm_summary, paired_recovery, paired_verdicts
+from fp8eval.metrics.verdict import GateSettings
 from fp8eval.records import RECORD_SCHEMA, ArmRecords, ArmStore, fingerprint_hash
 from fp8eval.scoring.pool import Scorer, auto_workers
 from fp8eval.tasks import task_class
@@ -430,6 +431,8 @@ class Runner:
             for key in getattr(task, "recovery_keys", ()):  # task metrics that are not a mean (MRCR AUC)
                 b, v = summaries[arms[0].name].get(key), summaries[arms[1].name].get(key)
                 summary["recovery"][key] = 100.0 * v / b if b and v is not None else None
+            summary["verdict"] = paired_verdicts(self.views[arms[0].name].records, self.views[arms[1].name].records,
+                                                 GateSettings(**_as_dict(cfg.stats)), task.cluster_of)
         summary["wall_s"] = round(time.perf_counter() - t0, 2)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n",
@@ -453,12 +456,25 @@ def format_table(summary: dict) -> str:
             return "-"
         return f"{x:.1f}%" if pct else f"{x:.3f}"
 
-    header = ["group"] + names + (["recovery"] if rec else [])
+    ver = summary.get("verdict") or {}
+    lv = f"{100 * (ver.get('settings') or {}).get('level', 0.95):g}% CI"
+    header = ["group"] + names + (["recovery"] if rec else []) + ([lv, "MDE pts", "verdict"] if ver else [])
+
+    def judged(e: dict | None) -> list[str]:
+        if not ver:
+            return []
+        if not e:
+            return ["-", "-", "-"]
+        hi = "inf" if e.get("ci_high") is None else f"{e['ci_high']:.1f}"
+        ci = "-" if e.get("ci_low") is None else f"{e['ci_low']:.1f}-{hi}%"
+        return [ci, fmt(e.get("mde_pts")) if e.get("mde_pts") is None else f"{e['mde_pts']:.1f}", e["verdict"]]
+
     rows = [["overall"] + [f"{fmt(arms[n]['score'])} ± {fmt(arms[n]['stderr'])}" for n in names]
-            + ([fmt(rec.get("overall"), True)] if rec else [])]
+            + ([fmt(rec.get("overall"), True)] if rec else []) + judged(ver.get("overall"))]
     for g in groups:
         rows.append([g] + [fmt(arms[n]["by_group"].get(g)) for n in names]
-                    + ([fmt(rec.get("by_group", {}).get(g), True)] if rec else []))
+                    + ([fmt(rec.get("by_group", {}).get(g), True)] if rec else [])
+                    + judged((ver.get("by_group") or {}).get(g)))
     widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
     line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths))  # noqa: E731
     out = [f"{summary['task']} on {summary['model']}", line(header), line(["-" * w for w in widths])]
@@ -469,4 +485,7 @@ def format_table(summary: dict) -> str:
         extra.append(f"{n}: n_samples={a['n_samples']} n_repeats={a['n_repeats']} skipped={a['n_skipped']} "
                      f"errors={a['n_errors']} length_cutoff={fmt(a['length_cutoff_rate'])} "
                      f"requests_sent={a['requests_sent']}")
+    if ver.get("overall"):
+        gate = (ver.get("settings") or {}).get("gate")
+        extra.append(f"verdict (gate {gate:g}%): {ver['overall']['verdict']}: {ver['overall']['why']}")
     return "\n".join(out + [""] + extra)
