@@ -174,6 +174,20 @@ class StatsConfig:
 
 
 @dataclass
+class StopConfig:
+    """When a paired run stops (fp8eval.stopping, docs/statistics.md). `stop=fixed` (default) runs every
+    planned (sample, repeat); `stop=sequential` sends samples in rounds and stops a bucket as soon as the
+    anytime-valid test decides it against `stats.gate`, else at its last sample (fixed-n CI at alpha -
+    alpha_cs)."""
+
+    name: str = "fixed"  # fixed | sequential
+    round_size: int = 16  # samples per bucket added each round
+    alpha_cs: float = 0.01  # the part of stats.alpha the confidence sequence spends over all looks
+    cap: float = 0.5  # the betting fraction's cap (docs/statistics.md)
+    by: str = "auto"  # group family whose values stop apart (auto: the context-length family); "" = whole task
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = MISSING
     kv: KVConfig = MISSING
@@ -198,6 +212,7 @@ class RunConfig:
     dry_run: bool = False
     plan: PlanConfig = field(default_factory=PlanConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
+    stop: StopConfig = field(default_factory=StopConfig)
 
 
 @dataclass
