@@ -22,7 +22,8 @@ from fp8eval.core.secrets import redact_files
 from fp8eval.overrides import check_overrides, free_dict_overrides
 from fp8eval.registry import register_configs
 from fp8eval.report import write_report
-from fp8eval.runner import Runner, format_table
+from fp8eval.runner import Runner
+from fp8eval.table import format_table
 
 register_configs()
 

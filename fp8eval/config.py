@@ -183,7 +183,7 @@ class StopConfig:
     name: str = "fixed"  # fixed | sequential
     round_size: int = 16  # samples per bucket added each round
     alpha_cs: float = 0.01  # the part of stats.alpha the confidence sequence spends over all looks
-    cap: float = 0.5  # the betting fraction's cap (docs/statistics.md)
+    cap: float = 0.8  # the betting fraction's cap (docs/statistics.md)
     by: str = "auto"  # group family whose values stop apart (auto: the context-length family); "" = whole task
 
 

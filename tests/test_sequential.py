@@ -106,7 +106,7 @@ def _records(items, lose):
 
 
 def test_rounds_take_more_samples_only_where_undecided():
-    stop = SimpleNamespace(name="sequential", round_size=8, alpha_cs=0.01, cap=0.5, by="auto")
+    stop = SimpleNamespace(name="sequential", round_size=8, alpha_cs=0.01, cap=0.8, by="auto")
     stats = SimpleNamespace(gate=95.0, alpha=0.05, right_at=0.5)
     items = _items(200)
     r = Rounds(items, stop, stats, seed=1)
@@ -149,3 +149,29 @@ def test_sequential_benchmark_smoke():
     lines = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
     assert lines[0]["n_max"] >= lines[0]["n_fixed"] and lines[-1]["summary"]
     assert len(lines) == 8 and all("sequential" in x for x in lines[1:-1])
+
+
+# --- the runner -------------------------------------------------------------------------------------------
+SEQ = ["engine=fake", "stop=sequential", "stop.round_size=20", "task.lengths=[1024,2048]", "task.needles_per_cell=60"]
+
+
+@pytest.mark.parametrize("error, decision", [(0.0, "pass"), (0.3, "fail")])
+def test_sequential_run_stops_early_and_resumes_without_requests(tmp_path, error, decision):
+    from conftest import run_inprocess
+
+    over = SEQ + [f"+engine.engine_args.fake_fp8_error={error}"]
+    first = run_inprocess(tmp_path, over, "a")
+    seq = first["sequential"]
+    assert seq["decision"] == decision and seq["samples_sent"] < seq["samples_planned"] == 360
+    assert first["arms"]["fp8"]["n_samples"] == seq["samples_sent"]
+    assert first["arms"]["fp8"]["requests_sent"] == seq["samples_sent"]  # summed over the rounds
+    again = run_inprocess(tmp_path, over, "b")
+    assert [a["requests_sent"] for a in again["arms"].values()] == [0, 0]
+    assert again["sequential"] == seq
+
+
+def test_sequential_needs_a_baseline(tmp_path):
+    from conftest import run_inprocess
+
+    with pytest.raises(StopError, match="baseline"):
+        run_inprocess(tmp_path, SEQ + ["baseline=none"])

@@ -40,7 +40,7 @@ class Design:
     gate: float = 95.0  # recovery %
     alpha: float = 0.05  # total error rate (both directions, every look and the last)
     alpha_cs: float = 0.01  # the share the anytime-valid part spends; the final look gets alpha - alpha_cs
-    cap: float = 0.5  # bets at most cap / (largest loss per unit): no factor below 1 - cap
+    cap: float = 0.8  # bets at most cap / (largest loss per unit): no factor below 1 - cap
     prior_n: float = 2.0  # pseudo-observations at mean 0, variance prior_var, smoothing the first bets
     prior_var: float = 0.25
 
