@@ -13,7 +13,7 @@ from fp8eval.metrics.pairing import recovery_of
 from fp8eval.metrics.select import one_per_key
 from fp8eval.report.analysis import Settings, arm_table, build_pairs, recovery_table
 from fp8eval.report.load import load_runs
-from fp8eval.runner import format_table
+from fp8eval.table import format_table
 
 RUN = ["engine=fake", "engine.script=needle", "+engine.engine_args.fake_fp8_error=0.4",
        "task.lengths=[1024,2048]", "task.depths=[0,50,100]", "task.repeats=2", "sampling.temperature=0.7",
