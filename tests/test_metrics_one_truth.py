@@ -63,9 +63,18 @@ def test_summary_table_and_report_agree_exactly(tmp_path):
         assert rec.loc[group, "recovery_pct"] == value, group
     assert rec.loc["all", "baseline_score"] == summary["arms"]["bf16"]["score"]
     assert rec.loc["all", "variant_stderr"] == summary["arms"]["fp8"]["stderr"]
+    # the verdicts' CI, MDE and counts (issue 22) come from one function too
+    ver = summary["verdict"]
+    for group, entry in [("all", ver["overall"]), *ver["by_group"].items()]:
+        for col, key in [("ci_low", "ci_low"), ("mde_pts", "mde_pts"), ("lost", "lost"), ("gained", "gained"),
+                         ("ci_method", "ci_method")]:
+            want = entry[key]
+            assert rec.loc[group, col] == (want if want is not None else rec.loc[group, col]), (group, col)
+        assert (rec.loc[group, "ci_high"] == entry["ci_high"]) or entry["ci_high"] is None
     # the terminal table prints the same summary
     text = format_table(summary)
     assert f"{summary['recovery']['overall']:.1f}%" in text
+    assert f"verdict (gate 95%): {ver['overall']['verdict']}" in text
     # and the later good record won in both paths: the flipped score is what counts
     recs = [json.loads(x) for x in Path(summary["arms"]["fp8"]["records"]).read_text().splitlines()]
     kept, replaced = one_per_key(recs)
