@@ -58,3 +58,14 @@ def test_power_from_a_pilot_run(tmp_path, error):
     assert t["variance"]["source"].startswith("pilot: 36 paired records")
     assert (t["variance"]["omega2"] + t["variance"]["sigma2_w"] > 0) == (error > 0)
     assert t["samples"] == 36 and t["samples_needed"] > 0
+
+
+def test_default_shaped_run_does_not_say_keep(tmp_path):
+    """`python -m fp8eval`'s grid (9 samples) with no flip: the report says undecided, never keep."""
+    proc = run_cli(tmp_path, ["engine=fake", f"hydra.run.dir={tmp_path / 'run'}"])
+    s = summary_of(proc)
+    assert s["verdict"]["overall"]["verdict"] == "inconclusive" and s["verdict"]["overall"]["lost"] == 0
+    assert s["verdict"]["overall"]["more_samples"] > 0
+    verdicts = json.loads((tmp_path / "run" / "report" / "verdicts.json").read_text())
+    assert [d["decision"] for d in verdicts["decisions"]] == ["undecided"]
+    assert "inconclusive" in proc.stdout and "keep" not in proc.stdout.split("report:")[0]
