@@ -85,7 +85,8 @@ def _run_suite(typed, run_dir: Path) -> None:
         summaries[name] = _run_one(OmegaConf.to_object(composed), sub)
     suite = {"model": typed.model.name, "task": f"suite:{typed.suite.name}", "suite": list(typed.suite.tasks),
              "tasks": {n: str(run_dir / n / "summary.json") for n in summaries},
-             "recovery": {n: (s.get("recovery") or {}).get("overall") for n, s in summaries.items()}}
+             "recovery": {n: (s.get("recovery") or {}).get("overall") for n, s in summaries.items()},
+             "verdict": {n: ((s.get("verdict") or {}).get("overall") or {}).get("verdict") for n, s in summaries.items()}}
     (run_dir / "suite.json").write_text(json.dumps(suite, indent=2) + "\n", encoding="utf-8")
 
 

@@ -57,8 +57,9 @@ def decide(low: float | None, high: float | None, gate: float) -> str:
     return "inconclusive"
 
 
-def entry(pairs: Pairs, st: GateSettings) -> dict:
-    """One verdict entry (summary.json `verdict.overall` or `verdict.by_group.<label>`)."""
+def entry(pairs: Pairs, st: GateSettings, samples: int | None = None) -> dict:
+    """One verdict entry (summary.json `verdict.overall` or `verdict.by_group.<label>`). `samples`: the
+    distinct samples behind the pairs when clusters hold several (NIAH cells); default one per cluster."""
     ci = intervals.recovery_ci(pairs, st.level, st.right_at)
     out = {"verdict": "n/a", "why": "", **_ci_fields(ci), "mde_pts": None, "mde_recovery_pts": None,
            "n_repeats": 0, "more_samples": None, "more_repeats": None}
@@ -66,7 +67,8 @@ def entry(pairs: Pairs, st: GateSettings) -> dict:
         out["why"] = "no record was scored in both arms"
         return out
     base = sum(b for _, b, _ in pairs) / len(pairs)
-    out["n_repeats"] = max(_cluster_sizes(pairs).values())
+    n_samples = samples or len(_cluster_sizes(pairs))
+    out["n_repeats"] = math.ceil(len(pairs) / n_samples)
     if base <= 0:
         out["why"] = "the baseline scored 0, so recovery is undefined"
         return out
@@ -79,7 +81,7 @@ def entry(pairs: Pairs, st: GateSettings) -> dict:
     verdict = decide(ci.low, ci.high, st.gate)
     out["verdict"] = verdict
     if verdict == "inconclusive":
-        out["more_samples"] = more_samples(pairs, st)
+        out["more_samples"] = more_samples(pairs, st, n_samples=n_samples)
         if var is not None and k >= 2:
             out["more_repeats"] = more_repeats(var, ci, base, k, st)
     out["why"] = explain(out, st)
@@ -101,7 +103,7 @@ def _cluster_sizes(pairs: Pairs) -> dict[str, int]:
     return sizes
 
 
-def more_samples(pairs: Pairs, st: GateSettings, max_factor: float = 1000.0) -> int | None:
+def more_samples(pairs: Pairs, st: GateSettings, max_factor: float = 1000.0, n_samples: int | None = None) -> int | None:
     """How many more samples (clusters x their size) the CI needs to leave the gate if every observed
     outcome kept its rate: the run's table scaled by a factor f found by bisection. None when even
     max_factor times the data does not decide (the estimate sits at the gate)."""
@@ -120,8 +122,7 @@ def more_samples(pairs: Pairs, st: GateSettings, max_factor: float = 1000.0) -> 
             lo_f = mid
         if hi_f - lo_f < 0.01:
             break
-    n_samples = len(_cluster_sizes(pairs))
-    return max(1, math.ceil(n_samples * (hi_f - 1.0)))
+    return max(1, math.ceil((n_samples or len(_cluster_sizes(pairs))) * (hi_f - 1.0)))
 
 
 def _scaled_ci(pairs: Pairs, f: float, st: GateSettings) -> tuple[float, float]:
@@ -175,26 +176,34 @@ def explain(e: dict, st: GateSettings) -> str:
     return f"{ci} straddles the {st.gate:g}% gate{mde}; {need}"
 
 
-def verdicts(pairs: Sequence[tuple[str, tuple[str, ...], float, float]], st: GateSettings) -> dict:
+def verdicts(pairs: Sequence[tuple], st: GateSettings) -> dict:
     """summary.json's `verdict`: settings, `overall` and `by_group` entries from paired records
-    `(cluster, groups, baseline_score, variant_score)`."""
+    `(cluster, groups, baseline_score, variant_score[, sample_id])` (the sample id counts samples when a
+    cluster holds several)."""
     st.check()
-    overall = [(c, b, v) for c, _, b, v in pairs]
+    overall = [(p[0], p[2], p[3]) for p in pairs]
     groups: dict[str, list[tuple[str, float, float]]] = {}
-    for c, gs, b, v in pairs:
-        for g in gs:
-            groups.setdefault(g, []).append((c, b, v))
+    ids: dict[str, set] = {"": set()}
+    for p in pairs:
+        sid = p[4] if len(p) > 4 else p[0]
+        ids[""].add(sid)
+        for g in p[1]:
+            groups.setdefault(g, []).append((p[0], p[2], p[3]))
+            ids.setdefault(g, set()).add(sid)
     return {"settings": {**asdict(st), "level": st.level},
-            "overall": entry(overall, st),
-            "by_group": {g: entry(ps, st) for g, ps in sorted(groups.items(), key=lambda kv: label_sort_key(kv[0]))}}
+            "overall": entry(overall, st, len(ids[""]) or None),
+            "by_group": {g: entry(ps, st, len(ids[g])) for g, ps in sorted(groups.items(),
+                                                                            key=lambda kv: label_sort_key(kv[0]))}}
 
 
 def records_to_pairs(baseline: Sequence[dict], variant: Sequence[dict], paired,
                      cluster_of: Callable[[str, tuple[str, ...]], str] | None = None
-                     ) -> list[tuple[str, tuple[str, ...], float, float]]:
-    """`verdicts()` input from two arms' records and their `pairing.Paired` (scored pairs only)."""
+                     ) -> list[tuple[str, tuple[str, ...], float, float, str]]:
+    """`verdicts()` input from two arms' records and their `pairing.Paired` (scored pairs only):
+    (cluster, groups, baseline score, variant score, sample id)."""
     out = []
     for k in paired.pairs:
         c = cluster_of(k.sample_id, k.groups) if cluster_of is not None else k.sample_id
-        out.append((str(c), tuple(k.groups), float(baseline[k.baseline]["score"]), float(variant[k.variant]["score"])))
+        out.append((str(c), tuple(k.groups), float(baseline[k.baseline]["score"]), float(variant[k.variant]["score"]),
+                    str(k.sample_id)))
     return out

@@ -162,7 +162,8 @@ def recovery_row(pair: Pair, group: str, settings: Settings) -> dict:
     point = recovery_of(list(zip(df["b_score"], df["v_score"])))
     clus = cluster_of(pair.task)
     judged = gate.entry([(str(clus(s, tuple(g))), float(b), float(v)) for s, g, b, v in
-                         zip(df["sample_id"], df["groups"], df["b_score"], df["v_score"])], settings.gate_settings())
+                         zip(df["sample_id"], df["groups"], df["b_score"], df["v_score"])], settings.gate_settings(),
+                        samples=int(ps.shape[0]) or None)
     return {
         "model": pair.model, "task": pair.task, "baseline": pair.baseline.label,
         "variant": pair.variant.label, "group": group, "metric": "pass@1",
