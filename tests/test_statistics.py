@@ -146,3 +146,12 @@ def test_variance_from_pilot_pairs():
     assert v.omega2 == pytest.approx(0.0)  # means -0.5, 0 -> var 0.125 = 0.25 / 2
     with pytest.raises(ValueError, match="2 clusters"):
         power.variance_from_pairs(pairs[:2], "pilot")
+
+
+def test_difference_ci_is_the_excess_over_a_control():
+    # 20 samples: control and variant agree except 3 the variant lost: -15 points, CI below 0 not required
+    pairs = [(str(i), 1.0, 0.0 if i < 3 else 1.0) for i in range(20)]
+    est, lo, hi = intervals.difference_ci(pairs)
+    assert est == pytest.approx(-15.0) and lo < est < hi
+    e2, l2, h2 = intervals.newcombe_paired_diff(both=17, gained=0, lost=3, neither=0)
+    assert (lo, hi) == (pytest.approx(100 * l2), pytest.approx(100 * h2))

@@ -281,3 +281,12 @@ def recovery_ci(pairs: Sequence[tuple[str, float, float]], level: float = 0.95,
 
 def _pct(x: float) -> float:
     return 100.0 * x if math.isfinite(x) else x
+
+
+def difference_ci(pairs: Sequence[tuple[str, float, float]], level: float = 0.95) -> tuple[float, float, float]:
+    """(estimate, low, high) in points of score of mean(second - first) over paired records
+    `(cluster, first, second)`: Newcombe's interval for binary one-per-cluster data, else the clustered t
+    interval with the one-flip floor (`recovery_ci`'s difference). For an excess over a control arm, pass
+    (cluster, control score, variant score): the variant's drop beyond the control's, with its CI."""
+    ci = recovery_ci(pairs, level)
+    return ci.diff, ci.diff_low, ci.diff_high
