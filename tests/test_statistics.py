@@ -155,3 +155,11 @@ def test_difference_ci_is_the_excess_over_a_control():
     assert est == pytest.approx(-15.0) and lo < est < hi
     e2, l2, h2 = intervals.newcombe_paired_diff(both=17, gained=0, lost=3, neither=0)
     assert (lo, hi) == (pytest.approx(100 * l2), pytest.approx(100 * h2))
+
+
+@pytest.mark.parametrize("effect, n", [(0.5, 32), (0.25, 126), (1.0, 8)])
+def test_sample_size_table_of_a_one_sample_z_test(effect, n):
+    """The textbook normal-approximation table (two-sided alpha 0.05, power 0.8): n = 7.849 / effect^2, rounded
+    up (e.g. Chow, Shao & Wang, "Sample Size Calculations in Clinical Research", one-sample mean)."""
+    var = power.Variance(1.0, 0.0, "table", binary=False)
+    assert power.clusters_needed(var, effect, 1) == n
