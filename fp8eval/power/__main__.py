@@ -15,22 +15,20 @@ import sys
 from pathlib import Path
 
 import hydra
-from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.power.config import PowerRunConfig
-from fp8eval.registry import register_configs
+from fp8eval.registry import register_wing
 
 
-def register_power_configs() -> None:
-    """Schemas for `python -m fp8eval.power`: the groups of `python -m fp8eval` plus `power`."""
-    register_configs()
-    ConfigStore.instance().store(name="power_schema", node=PowerRunConfig)
+def register() -> None:
+    """ConfigStore: the shared groups and `power_schema` (conf/power.yaml): `python -m fp8eval`'s plus `power`."""
+    register_wing("power_schema", PowerRunConfig)
 
 
-register_power_configs()
+register()
 
 
 @hydra.main(config_path="../../conf", config_name="power", version_base="1.3")
