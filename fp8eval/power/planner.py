@@ -53,12 +53,15 @@ def pilot_pairs(paths: list[str], model: str, task: str) -> tuple[list[tuple[str
     runs, _ = load_runs(roots)
     pairs, refused = build_pairs([r for r in runs if r.task == task and r.model == model], strict=False)
     clus = cluster_of(task)
-    out = []
+    out, samples = [], set()
     for p in pairs:
         for s, g, b, v in zip(p.paired["sample_id"], p.paired["groups"], p.paired["b_score"], p.paired["v_score"]):
             out.append((f"{p.variant.fingerprint[:8]}:{clus(s, tuple(g))}", float(b), float(v)))
+            samples.add((p.variant.fingerprint, s))
+    clusters = len({c for c, _, _ in out})
     return out, {"runs": len(runs), "pairs_of_arms": [f"{p.baseline.label} vs {p.variant.label}" for p in pairs],
-                 "records": len(out), "refused": refused}
+                 "records": len(out), "refused": refused,
+                 "samples_per_cluster": len(samples) / clusters if clusters else 1.0}
 
 
 def planned_samples(cfg) -> tuple[int | None, str]:
@@ -116,12 +119,16 @@ def plan_task(cfg) -> TaskPlan:
     if n is None:
         raise PowerError(f"the number of samples of {task} is unknown without its data; say power.samples=<n>")
     greedy = float(effective_sampling(cfg).get("temperature") or 0.0) == 0.0
-    needed = pw.clusters_needed(var, delta, k, p.alpha, p.power)
-    more_k = None if greedy else pw.repeats_needed(var, delta, n, p.alpha, p.power)
+    # A cluster of m samples (NIAH cells, from the pilot) holds m x k records: the formulas count clusters.
+    m = float(info.get("samples_per_cluster") or 1.0) if "samples_per_cluster" in info and pairs else 1.0
+    clusters, k_eff = n / m, k * m
+    needed = math.ceil(pw.clusters_needed(var, delta, k_eff, p.alpha, p.power) * m)
+    k_needed = None if greedy else pw.repeats_needed(var, delta, clusters, p.alpha, p.power)
+    more_k = None if k_needed is None else max(1, math.ceil(k_needed / m))
     if greedy:
         info["repeats"] = "greedy sampling: a repeat is the same answer again, so only samples add information"
-    return TaskPlan(task, var, base, base_src, delta, target, n, k, n_src, pw.mde(var, n, k, p.alpha, p.power),
-                    needed, more_k, info, _cost(cfg, n, k, needed))
+    return TaskPlan(task, var, base, base_src, delta, target, n, k, n_src,
+                    pw.mde(var, clusters, k_eff, p.alpha, p.power), needed, more_k, info, _cost(cfg, n, k, needed))
 
 
 def _cost(cfg, planned: int, k: int, needed: int) -> dict:
