@@ -24,7 +24,8 @@ from fp8eval.core.signals import exit_on_sigterm, interrupt_exit_code
 from fp8eval.overrides import check_overrides, free_dict_overrides
 from fp8eval.registry import register_configs
 from fp8eval.report import write_report
-from fp8eval.runner import Runner, format_table
+from fp8eval.runner import Runner
+from fp8eval.table import format_table
 
 register_configs()
 
@@ -101,7 +102,8 @@ def _run_suite(typed, run_dir: Path) -> dict[str, dict]:
         summaries[name] = _run_one(OmegaConf.to_object(composed), sub)
     suite = {"model": typed.model.name, "task": f"suite:{typed.suite.name}", "suite": list(typed.suite.tasks),
              "tasks": {n: str(run_dir / n / "summary.json") for n in summaries},
-             "recovery": {n: (s.get("recovery") or {}).get("overall") for n, s in summaries.items()}}
+             "recovery": {n: (s.get("recovery") or {}).get("overall") for n, s in summaries.items()},
+             "verdict": {n: ((s.get("verdict") or {}).get("overall") or {}).get("verdict") for n, s in summaries.items()}}
     write_json(run_dir / "suite.json", redact_obj(suite))
     return summaries
 

@@ -211,7 +211,7 @@ def test_the_table_shows_the_pair_count_and_agrees_with_the_report():
     """bf16 errors on 5 of 10 samples and is right on the other 5; fp8 is right on 6 of 10, 4 of them among
     the 5 pairs: bf16 1.000, fp8 0.600, recovery 80.0 % over 5 pairs (the report's number)."""
     from fp8eval.metrics.arm import arm_summary, paired_recovery
-    from fp8eval.runner import format_table
+    from fp8eval.table import format_table
 
     def r(i, status, score):
         return {"sample_id": f"s{i}", "repeat": 0, "status": status, "score": score, "groups": []}
