@@ -11,7 +11,7 @@ from omegaconf import OmegaConf
 
 from fp8eval.calibrate.config import CalibConfig, CalibrateConfig
 from fp8eval.calibrate.store import latest_checkpoint
-from fp8eval.config import EngineConfig, KVConfig, ModelConfig, RunConfig, SuiteConfig, TaskConfig
+from fp8eval.config import ControlConfig, EngineConfig, KVConfig, ModelConfig, RunConfig, SuiteConfig, TaskConfig
 from fp8eval.core.rundir import register_resolver as register_unique_dir
 from fp8eval.divergence.config import DivergenceRunConfig
 from fp8eval.sensitivity.config import SensitivityRunConfig
@@ -41,6 +41,7 @@ def register_configs() -> None:
     cs.store(group="schema/engine", name="engine", node=EngineConfig)
     cs.store(group="schema/task", name="task", node=TaskConfig)
     cs.store(group="schema/suite", name="suite", node=SuiteConfig)
+    cs.store(group="schema/control", name="control", node=ControlConfig)
     for name, cls in task_config_classes().items():
         cs.store(group="schema/task", name=name, node=cls)
 

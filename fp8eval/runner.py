@@ -13,6 +13,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+import fp8eval.control as controls
 import fp8eval.shard as shards
 from fp8eval.arms import ArmSpec, resolve_arms
 from fp8eval.config import RunConfig, SamplingConfig, kv_fingerprint_view
@@ -26,6 +27,7 @@ from fp8eval.engines.loglikelihood import send
 from fp8eval.engines.parallel import fingerprint_view
 from fp8eval.engines.prompting import prompt_text_for
 from fp8eval.metrics.arm import arm_summary, paired_recovery
+from fp8eval.metrics.noise import control_comparison
 from fp8eval.records import RECORD_SCHEMA, ArmRecords, ArmStore, fingerprint_hash
 from fp8eval.scoring.pool import Scorer, auto_workers
 from fp8eval.tasks import task_class
@@ -117,8 +119,8 @@ class Runner:
     def arms(self) -> list[ArmSpec]:
         """Listed baseline first (the order of summary.json's arms), then the variant; one arm alone when
         `baseline` is none. Both resolved through Hydra the same way (fp8eval.arms). `run()` runs them
-        in the other order: the variant first."""
-        return resolve_arms(self.cfg)
+        in the other order: the variant first. A `control=<name>` arm comes last (fp8eval.control)."""
+        return controls.with_control_arm(self.cfg, resolve_arms(self.cfg))
 
     # --- planning ----------------------------------------------------------------------------------------
     def plan(self, task: Task, engine) -> list[PlannedItem]:
@@ -206,7 +208,7 @@ class Runner:
         for k in ("name", "description"):
             kv_d.pop(k, None)
         kv_d = kv_fingerprint_view(kv_d)  # emulation knobs only where they change a number
-        return {
+        material = {
             "record_schema": RECORD_SCHEMA,
             "model": model,
             "engine": fingerprint_view(engine.describe()),  # data parallelism left out
@@ -215,6 +217,13 @@ class Runner:
             "task": {"name": task.name, "version": task.version, "config": task_cfg, **task.fingerprint()},
             "seed": self.cfg.seed,
         }
+        if arm.role == controls.ROLE:  # never the baseline's records, even where the engine ignores the knobs
+            material["control"] = controls.material(controls.control_of(self.cfg))
+        return material
+
+    def seed_of(self, arm: ArmSpec) -> int:
+        """The run's seed for this arm: a control arm may shift it (control.seed_offset)."""
+        return int(self.cfg.seed) + int(getattr(arm, "seed_offset", 0) or 0)
 
     # --- one arm ---------------------------------------------------------------------------------------
     def run_arm(self, task: Task, engine, arm: ArmSpec, items: list[PlannedItem]) -> dict:
@@ -301,7 +310,7 @@ class Runner:
         for its in groups:
             sid, phash = its[0].sample.id, its[0].prompt_hash
             rid = f"{sid}|{phash[:12]}|{','.join(str(i.repeat) for i in its)}"
-            seeds = [derive_seed(sid, i.repeat, self.cfg.seed) for i in its]
+            seeds = [derive_seed(sid, i.repeat, self.seed_of(kv)) for i in its]
             requests.append(self._request(rid, its[0].prompt, len(its), seeds))
             by_id[rid] = its
         # Longest prompts first: fewer stragglers at the end of a batch.
@@ -339,7 +348,7 @@ class Runner:
         rec = {
             "schema": RECORD_SCHEMA, "arm": fp, "kv": kv.name, "task": task.name, "task_version": task.version,
             "sample_id": it.sample.id, "repeat": it.repeat,
-            "seed": derive_seed(it.sample.id, it.repeat, self.cfg.seed), "groups": list(it.sample.groups),
+            "seed": derive_seed(it.sample.id, it.repeat, self.seed_of(kv)), "groups": list(it.sample.groups),
             "prompt_hash": it.prompt_hash, "prompt_tokens": it.prompt_tokens,
             "sampling": self.prompt_sampling(it.prompt),
             "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -382,6 +391,7 @@ class Runner:
         t0 = time.perf_counter()
         check_task_config(cfg.task)
         arms = self.arms()
+        control_info = controls.preflight(cfg, arms, self.sampling, self.out)  # before any engine starts
         tcls = task_class(cfg.task.name)
         task_cfg = cfg.task if isinstance(cfg.task, tcls.config_class) else OmegaConf.to_object(cfg.task)
         summaries: dict[str, dict] = {}
@@ -389,9 +399,11 @@ class Runner:
         notes: list[str] = []
         # The variant runs first: a configuration an engine cannot serve (fp8 on a CPU build of vLLM,
         # per-head scales without a scales file) fails before any baseline work is spent.
-        for arm in sorted(arms, key=lambda a: a.role == "baseline"):
+        order = {"baseline": 1, controls.ROLE: 2}
+        for arm in sorted(arms, key=lambda a: order.get(a.role, 0)):
             name, role = arm.name, arm.role
-            engine = build_engine(cfg, arm, self.shared)
+            control = controls.control_of(cfg) if role == controls.ROLE else None
+            engine = build_engine(controls.engine_config(cfg, control) if control else cfg, arm, self.shared)
             try:
                 backend = check_attention_backend(cfg, engine)  # before any request
                 if task is None:
@@ -424,12 +436,15 @@ class Runner:
         }
         if cfg.shard is not None:
             summary["shard"] = cfg.shard  # this summary covers only the shard's samples
-        if len(arms) == 2:
+        if len(arms) >= 2:
             summary["recovery"] = paired_recovery(self.views[arms[0].name].records,
                                                   self.views[arms[1].name].records)
             for key in getattr(task, "recovery_keys", ()):  # task metrics that are not a mean (MRCR AUC)
                 b, v = summaries[arms[0].name].get(key), summaries[arms[1].name].get(key)
                 summary["recovery"][key] = 100.0 * v / b if b and v is not None else None
+        if control_info is not None:  # the variant's flips next to the control's, and the excess
+            views = [self.views[a.name].records for a in arms]
+            summary["control"] = {**control_info, **control_comparison(views[0], views[1], views[2])}
         summary["wall_s"] = round(time.perf_counter() - t0, 2)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n",
@@ -469,4 +484,4 @@ def format_table(summary: dict) -> str:
         extra.append(f"{n}: n_samples={a['n_samples']} n_repeats={a['n_repeats']} skipped={a['n_skipped']} "
                      f"errors={a['n_errors']} length_cutoff={fmt(a['length_cutoff_rate'])} "
                      f"requests_sent={a['requests_sent']}")
-    return "\n".join(out + [""] + extra)
+    return "\n".join(out + [""] + extra + controls.format_lines(summary))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fp8eval.config import PairedCliConfig
+from fp8eval.config import ControlConfig, PairedCliConfig
 from fp8eval.divergence.measures import DEFAULT_EDGES
 
 
@@ -24,6 +24,8 @@ class DivergenceConfig:
 @dataclass
 class DivergenceRunConfig(PairedCliConfig):
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
+    # A noise-floor control arm (conf/control/): its KL from the baseline is printed beside the variant's.
+    control: ControlConfig = field(default_factory=ControlConfig)
     # Per-arm, per-passage results are kept under <records_dir>/divergence/ (resumable).
     records_dir: str = "outputs/records"
     seed: int = 1234  # unused by prefill; engines read it

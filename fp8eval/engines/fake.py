@@ -7,7 +7,8 @@
 - a path to a JSONL file of {"prompt_hash" or "contains": ..., "completion": ...} lines.
 A kv arm whose cache dtype is not auto degrades deterministically when `engine.engine_args.fake_fp8_error`
 (a probability) is set, so recovery below 100% can be tested without a model; `fake_delay_s` makes each
-request take that long (for crash and resume tests).
+request take that long (for crash and resume tests); an arm's own `fake_noise` (control=noise) flips that
+share of its answers whatever the cache, independently of the FP8 error (a noise-floor control arm).
 """
 
 from __future__ import annotations
@@ -64,6 +65,8 @@ class FakeEngine:
         self.cache_dtype = str(kv.engine_args.get("kv_cache_dtype", "auto"))
         self.error_rate = float(cfg.engine.engine_args.get("fake_fp8_error", 0.0)) if self.cache_dtype != "auto" else 0.0
         self.delay_s = float(cfg.engine.engine_args.get("fake_delay_s", 0.0))
+        # A control arm's `fake_noise`: answers flip at this rate whatever the cache (fp8eval.control).
+        self.noise = float((getattr(kv, "engine_args", None) or {}).get("fake_noise", 0.0))
         self.sent = 0
         self._fn = self._resolve(self.script)
 
@@ -100,7 +103,8 @@ class FakeEngine:
         return {"kind": self.kind, "script": self.script, "cache_dtype": self.cache_dtype,
                 "skip_layers": list(self.kv.engine_args.get("kv_cache_dtype_skip_layers") or []),
                 "scales": self.kv.scales, "error_rate": self.error_rate,
-                "engine_args": dict(self.cfg.engine.engine_args)}
+                "engine_args": dict(self.cfg.engine.engine_args),
+                **({"noise": self.noise} if self.noise else {})}
 
     def max_model_len(self) -> int:
         return int(self.cfg.model.max_model_len)
@@ -125,6 +129,8 @@ class FakeEngine:
                 text = self._fn(req, i)
                 if self.error_rate and _unit(req.seeds[i], req.id) < self.error_rate:
                     text = "I could not find it."
+                if self.noise and _unit(req.seeds[i], "noise:" + req.id) < self.noise:
+                    text = "I could not find it." if text != "I could not find it." else self._fn(req, i)
                 words = text.split()
                 finish = "stop"
                 if len(words) > max_tokens:

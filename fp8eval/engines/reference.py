@@ -7,6 +7,7 @@ bfloat16 matmuls are slow); what differs between arms is only what the KV cache 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from importlib import metadata
 from typing import Iterable, Iterator
@@ -223,7 +224,18 @@ class ReferenceEngine:
 
     # --- generation ---------------------------------------------------------------------------------
     def generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
-        return self._each(requests, self._generate_one)
+        return self._each(requests, self._generate_capped)
+
+    def _generate_capped(self, req: Request) -> Completion:
+        """`max_num_seqs` (a control arm's batch cap): a request's n sequences decoded in batches of at most that
+        many, each sequence with its own seed as before, so only the batch shape differs."""
+        cap = int((getattr(self.kv, "engine_args", None) or {}).get("max_num_seqs") or 0)
+        if not cap or req.n <= cap:
+            return self._generate_one(req)
+        parts = [self._generate_one(dataclasses.replace(req, n=len(req.seeds[i:i + cap]), seeds=req.seeds[i:i + cap]))
+                 for i in range(0, req.n, cap)]
+        return dataclasses.replace(parts[0], choices=[c for p in parts for c in p.choices],
+                                   latency_s=sum(p.latency_s for p in parts))
 
     def _each(self, requests: Iterable[Request], one) -> Iterator[Completion]:
         """One request at a time, under this arm's KV policy (the model is shared between arms)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -20,13 +20,18 @@ class ArmSpec:
     mirror `KVConfig`'s so an engine reads `arm.name`, `arm.scales`, ... as it read the kv config."""
 
     kv: KVConfig
-    role: str  # baseline | variant | single
+    role: str  # baseline | variant | single | control
     engine_args: dict[str, Any]
+    label: str = ""  # the arm's name when it is not the kv option's (a control arm: `bf16-batch1`)
+    # Environment variables of this arm's vLLM process only (a control arm's VLLM_BATCH_INVARIANT=1)
+    env: dict[str, str] = field(default_factory=dict)
+    # Added to the run's seed for this arm's per-(sample, repeat) seeds (a control arm's other seeds)
+    seed_offset: int = 0
 
     @property
     def name(self) -> str:
-        """The kv option's name."""
-        return self.kv.name
+        """The arm's name: its label, else the kv option's name (summary.json's key, `engine.base_urls`' key)."""
+        return self.label or self.kv.name
 
     @property
     def description(self) -> str:

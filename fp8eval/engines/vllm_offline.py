@@ -64,13 +64,14 @@ class VLLMOfflineEngine:
         # engine.attention_backend: an engine arg for a vLLM that has it, else VLLM_ATTENTION_BACKEND.
         launch_args, env = attention.for_launch(self.args, vchild.child_env(vchild.cpu_threads(self.threads, self.args)),
                                                 self.python)
+        env.update(vchild.arm_env(self.kv))  # a control arm's VLLM_BATCH_INVARIANT=1, this arm only
         import subprocess
 
         self._child = vchild.ChildProcess(
             [self.python, "-m", WORKER_MODULE, "--worker"], self.log_path, env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )
-        spec = {"engine_args": launch_args}
+        spec = {"engine_args": launch_args, "env": vchild.arm_env(self.kv)}
         try:
             self._send(spec)
             reply = self._recv(timeout_s=float(getattr(self.cfg.engine, "startup_timeout_s", 1200.0)))
@@ -170,6 +171,8 @@ class VLLMOfflineEngine:
         }
         if self.trust_declared_kv:
             out["trust_declared_kv"] = True
+        if vchild.arm_env(self.kv):  # only when set: existing fingerprints are unchanged
+            out["env"] = vchild.arm_env(self.kv)
         return out
 
     def startup_warnings(self) -> dict[str, list[str]]:
@@ -252,7 +255,7 @@ class VLLMOfflineEngine:
     def __del__(self):  # pragma: no cover - best effort
         try:
             self.close()
-        except Exception:
+        except Exception:  # noqa: BLE001
             pass
 
 
@@ -264,13 +267,9 @@ def _request_json(r: Request) -> dict:
 
 def _completion_from_json(d: dict) -> Completion:
     return Completion(
-        request_id=d["request_id"],
-        choices=[Choice(**c) for c in d["choices"]],
-        prompt_tokens=d["prompt_tokens"],
-        cached_prompt_tokens=d.get("cached_prompt_tokens"),
-        latency_s=d.get("latency_s", 0.0),
-        extra=d.get("extra", {}),
-    )
+        request_id=d["request_id"], choices=[Choice(**c) for c in d["choices"]], prompt_tokens=d["prompt_tokens"],
+        cached_prompt_tokens=d.get("cached_prompt_tokens"), latency_s=d.get("latency_s", 0.0),
+        extra=d.get("extra", {}))
 
 
 # =====================================================================================================
@@ -463,6 +462,7 @@ def _worker_main() -> int:
     stdin = sys.stdin
     spec = json.loads(stdin.readline())
     try:
+        vchild.check_env_known(spec.get("env") or {})
         worker.start(spec["engine_args"])
         worker.send({"op": "ready", "preflight": worker.preflight(spec["engine_args"])})
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises EngineError

@@ -31,6 +31,7 @@ from fp8eval.engines.server.answers import error_completion
 from fp8eval.engines.server.client import Endpoint
 from fp8eval.engines.server.managed import ManagedServerMixin
 from fp8eval.engines.server.preflight import PreflightMixin
+from fp8eval.engines.vllm import child as vchild
 from fp8eval.engines.vllm_scoring import server_loglikelihood
 
 
@@ -97,6 +98,8 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
             out["extra_flags"] = [str(f) for f in self.cfg.engine.extra_flags]
         if self.trust_declared_kv:
             out["trust_declared_kv"] = True
+        if self.managed and vchild.arm_env(self.kv):  # only when set: existing fingerprints are unchanged
+            out["env"] = vchild.arm_env(self.kv)
         return out
 
     def startup_warnings(self) -> dict[str, list[str]]:

@@ -12,6 +12,7 @@ import socket
 from fp8eval.engines import attention
 from fp8eval.engines import vllm_common as vc
 from fp8eval.engines.base import EngineError
+from fp8eval.engines.vllm import child as vchild
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -36,6 +37,10 @@ class ManagedServerMixin:
         # engine.attention_backend: a flag for a vLLM that has it, else VLLM_ATTENTION_BACKEND.
         launch_args, env = attention.for_launch(self.args, vc.child_env(vc.cpu_threads(e.threads, self.args)),
                                                 python)
+        arm_env = vchild.arm_env(self.kv)  # a control arm's VLLM_BATCH_INVARIANT=1, this server only
+        if arm_env:
+            vchild.check_env_known_in(python, arm_env)
+            env.update(arm_env)
         flags = vc.engine_args_to_flags(launch_args)
         if e.served_model_name:
             flags += ["--served-model-name", str(e.served_model_name)]
