@@ -12,6 +12,7 @@ FP8 cache on a CPU without AVX-512, a missing vllm) fails before the runner open
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -25,7 +26,7 @@ from fp8eval.engines.base import Choice, Completion, EngineError, Request
 from fp8eval.engines.prompting import plain_prompt_text
 from fp8eval.engines.vllm import args as vargs
 from fp8eval.engines.vllm import child as vchild
-from fp8eval.engines.vllm import kvcheck, logscan
+from fp8eval.engines.vllm import kvcheck, logscan, prompt_ops
 from fp8eval.engines.vllm import stats as vstats
 
 WORKER_MODULE = "fp8eval.engines.vllm_offline"
@@ -202,13 +203,25 @@ class VLLMOfflineEngine:
     def prompt_logprobs(self, ids: list[int], k: int) -> tuple[list[list[int]], list[list[float]]]:
         """Prefill only: the top-k (token id, log-prob) of the next-token distribution after each of
         positions 0..len(ids)-2 (vLLM's `prompt_logprobs`), for `python -m fp8eval.divergence`."""
+        reply = self._ask({"op": "prompt_logprobs", "ids": list(ids), "k": int(k)}, "compute prompt logprobs")
+        return reply["ids"], reply["logprobs"]
+
+    def prompt_logprobs_many(self, batch: list[list[int]], k: int) -> list[tuple[list, list]]:
+        """prompt_logprobs of several prompts sent to vLLM together (they may share its batches)."""
+        reply = self._ask({"op": "prompt_logprobs", "batch": [list(i) for i in batch], "k": int(k)}, "compute prompt logprobs")
+        return [tuple(r) for r in reply["rows"]]
+
+    def teacher_force(self, prompt_ids: list[int], forced: list[int]) -> list[dict]:
+        """Each forced token's log-probability, rank and the arm's top-1 there (fp8eval.engines.vllm.prompt_ops)."""
+        return self._ask({"op": "teacher_force", "prompt": list(prompt_ids), "forced": list(forced)}, "teacher-force")["rows"]
+
+    def _ask(self, msg: dict, what: str) -> dict:
         with self._lock:
-            self._send({"op": "prompt_logprobs", "ids": list(ids), "k": int(k)})
+            self._send(msg)
             reply = self._recv()
         if reply.get("op") == "error":
-            raise EngineError(f"vLLM could not compute prompt logprobs: {reply.get('type')}: {reply.get('message')}. "
-                              f"Log: {self.log_path}.")
-        return reply["ids"], reply["logprobs"]
+            raise EngineError(f"vLLM could not {what}: {reply.get('type')}: {reply.get('message')}. Log: {self.log_path}.")
+        return reply
 
     def generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
         with self._lock:
@@ -253,10 +266,8 @@ class VLLMOfflineEngine:
         child.stop()
 
     def __del__(self):  # pragma: no cover - best effort
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:  # noqa: BLE001
-            pass
 
 
 def _request_json(r: Request) -> dict:
@@ -387,17 +398,7 @@ class _Worker:
 
     def prompt_logprobs(self, ids: list[int], k: int) -> dict:
         """Top-k prompt log-probs of every position after the first, as two [len(ids)-1, k] lists."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k)
-        out = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
-        rows_ids, rows_lp = [], []
-        for entry in list(out.prompt_logprobs)[1:]:
-            # Each entry holds the top-k plus the prompt's own token (which may rank below k): keep the k best.
-            best = sorted(entry.items(), key=lambda item: -float(item[1].logprob))[:k]
-            rows_ids.append([int(t) for t, _ in best])
-            rows_lp.append([float(lp.logprob) for _, lp in best])
+        (rows_ids, rows_lp), = prompt_ops.prompt_logprobs(self.llm, [ids], k)
         return {"op": "prompt_logprobs", "ids": rows_ids, "logprobs": rows_lp}
 
     def run(self, queue: list[dict]) -> None:
@@ -433,9 +434,7 @@ class _Worker:
 
 
 def _finish_reason(reason) -> str:
-    if reason in ("stop", "length"):
-        return reason
-    return "error" if reason in ("abort", "error") else str(reason or "stop")
+    return reason if reason in ("stop", "length") else "error" if reason in ("abort", "error") else str(reason or "stop")
 
 
 def _scales_source(cache_dtype: str, model_config) -> str:
@@ -476,8 +475,12 @@ def _worker_main() -> int:
         try:
             if op == "count":
                 worker.send({"op": "count", "n": len(worker.prompt_ids(msg["request"]))})
+            elif op == "prompt_logprobs" and "batch" in msg:  # several prompts in one vLLM call
+                worker.send({"op": "batch", "rows": prompt_ops.prompt_logprobs(worker.llm, msg["batch"], int(msg["k"]))})
             elif op == "prompt_logprobs":
                 worker.send(worker.prompt_logprobs(msg["ids"], int(msg["k"])))
+            elif op == "teacher_force":
+                worker.send({"op": "forced", "rows": prompt_ops.teacher_force(worker.llm, msg["prompt"], msg["forced"])})
             elif op == "add":
                 queue.append(msg["request"])
             elif op == "run":
