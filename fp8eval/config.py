@@ -201,6 +201,9 @@ class RunConfig:
     baseline: str = "bf16"
     # A noise-floor control arm beside the baseline (conf/control/; `none`: no control arm).
     control: ControlConfig = field(default_factory=ControlConfig)
+    # After the arms: teacher-force every flip through its arm (where the completions part, the arm's log-prob
+    # and rank of the baseline's token there; fp8eval.anatomy). Reopens each arm with flips once.
+    anatomy: bool = True
     records_dir: str = "outputs/records"
     # Processes that score completions while the engine works; null = one per core for tasks whose scorer
     # is costly (MATH-500's math-verify), none for the rest; 0 scores inline.

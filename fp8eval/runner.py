@@ -13,6 +13,7 @@ from typing import Any
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+import fp8eval.anatomy as anatomy
 import fp8eval.control as controls
 import fp8eval.shard as shards
 from fp8eval.arms import ArmSpec, resolve_arms
@@ -442,6 +443,9 @@ class Runner:
             for key in getattr(task, "recovery_keys", ()):  # task metrics that are not a mean (MRCR AUC)
                 b, v = summaries[arms[0].name].get(key), summaries[arms[1].name].get(key)
                 summary["recovery"][key] = 100.0 * v / b if b and v is not None else None
+        if cfg.anatomy and len(arms) >= 2 and cfg.shard is None:  # where each flip's completions part
+            summary["anatomy"] = anatomy.dissect(self, task, items, arms,
+                                                 {a.name: summaries[a.name]["fingerprint"] for a in arms}, self.out)
         if control_info is not None:  # the variant's flips next to the control's, and the excess
             views = [self.views[a.name].records for a in arms]
             summary["control"] = {**control_info, **control_comparison(views[0], views[1], views[2])}

@@ -156,6 +156,22 @@ class FakeEngine:
                 pairs = [(-10.0 * _unit(1, f"{req.id}:{j}"), False) for j in range(len(pairs))]
             yield completion(req, pairs, self.count_prompt_tokens(req))
 
+    def teacher_force(self, req: Request, forced_text: str, other_text: str) -> dict:
+        """Scripted anatomy of a flip (fp8eval.engines.forcing): words are tokens; the forced word gets a
+        deterministic log-probability and a rank of 2 or more, this arm's own word is its top-1."""
+        from fp8eval.engines import forcing
+
+        words: dict[str, int] = {}
+        forced = [words.setdefault(w, len(words)) for w in forced_text.split()]
+        other = [words.setdefault(w, len(words)) for w in other_text.split()]
+        names = {i: w for w, i in words.items()}
+        ids, p = forcing.forced_ids(forced, other, None)
+        row = None
+        if p < len(ids):
+            u = _unit(0, f"force:{req.id}:{p}")
+            row = {"logprob": -1.0 - 9.0 * u, "rank": 2 + int(8 * u), "top1": other[p] if p < len(other) else None}
+        return forcing.answer(p, forced, other, row, lambda t: names.get(t, "?"))
+
     def close(self) -> None:
         pass
 

@@ -355,6 +355,29 @@ class ReferenceEngine:
         prompt_tokens = sum(len(a) + len(b) for a, b in encoded)
         return ll.completion(req, pairs, prompt_tokens, time.perf_counter() - t0)
 
+    # --- teacher forcing (the anatomy of a flip, fp8eval.engines.forcing) -------------------------------
+    def teacher_force(self, req: Request, forced_text: str, other_text: str) -> dict:
+        """Exact: the prompt and the forced completion in one forward under this arm's KV policy."""
+        import torch
+
+        from fp8eval.engines import forcing
+
+        self._load()
+        self._shared["active_policy"] = self._policy
+        tok = self.tokenizer()
+        prompt = self.prompt_ids(req)
+        forced = tok(forced_text, add_special_tokens=False)["input_ids"]
+        other = tok(other_text, add_special_tokens=False)["input_ids"]
+        ids, p = forcing.forced_ids(forced, other, tok.eos_token_id)
+        row = None
+        if p < len(ids):
+            with torch.inference_mode():
+                x = torch.tensor([prompt + ids[:p]], device=self._device_name())
+                logp = torch.log_softmax(self._model(input_ids=x, logits_to_keep=1).logits[0, -1].float(), -1)
+            lp = float(logp[ids[p]])
+            row = {"logprob": lp, "rank": int((logp > logp[ids[p]]).sum()) + 1, "top1": int(logp.argmax())}
+        return forcing.answer(p, forced, other, row, lambda t: tok.decode([t]))
+
     def close(self) -> None:
         self._model = None
 

@@ -172,8 +172,7 @@ class VLLMOfflineEngine:
         }
         if self.trust_declared_kv:
             out["trust_declared_kv"] = True
-        if vchild.arm_env(self.kv):  # only when set: existing fingerprints are unchanged
-            out["env"] = vchild.arm_env(self.kv)
+        out.update({"env": vchild.arm_env(self.kv)} if vchild.arm_env(self.kv) else {})  # only when set
         return out
 
     def startup_warnings(self) -> dict[str, list[str]]:
@@ -211,9 +210,10 @@ class VLLMOfflineEngine:
         reply = self._ask({"op": "prompt_logprobs", "batch": [list(i) for i in batch], "k": int(k)}, "compute prompt logprobs")
         return [tuple(r) for r in reply["rows"]]
 
-    def teacher_force(self, prompt_ids: list[int], forced: list[int]) -> list[dict]:
-        """Each forced token's log-probability, rank and the arm's top-1 there (fp8eval.engines.vllm.prompt_ops)."""
-        return self._ask({"op": "teacher_force", "prompt": list(prompt_ids), "forced": list(forced)}, "teacher-force")["rows"]
+    def teacher_force(self, request: Request, forced_text: str, other_text: str) -> dict:
+        """The anatomy of one flip in the worker (fp8eval.engines.forcing, fp8eval.engines.vllm.prompt_ops)."""
+        msg = {"op": "teacher_force", "request": _request_json(request), "forced": forced_text, "other": other_text}
+        return self._ask(msg, "teacher-force")["answer"]
 
     def _ask(self, msg: dict, what: str) -> dict:
         with self._lock:
@@ -480,7 +480,7 @@ def _worker_main() -> int:
             elif op == "prompt_logprobs":
                 worker.send(worker.prompt_logprobs(msg["ids"], int(msg["k"])))
             elif op == "teacher_force":
-                worker.send({"op": "forced", "rows": prompt_ops.teacher_force(worker.llm, msg["prompt"], msg["forced"])})
+                worker.send({"op": "forced", "answer": prompt_ops.teacher_force(worker, msg["request"], msg["forced"], msg["other"])})
             elif op == "add":
                 queue.append(msg["request"])
             elif op == "run":

@@ -25,19 +25,26 @@ def prompt_logprobs(llm, batch: list[list[int]], k: int) -> list[tuple[list[list
     return result
 
 
-def teacher_force(llm, prompt_ids: list[int], forced: list[int]) -> list[dict]:
-    """`forced` appended to the prompt and prefilled once: for each forced token, its log-probability, its
-    rank (1 = the arm's own greedy choice; vLLM's Logprob.rank) and the arm's most likely token there."""
+def teacher_force(worker, req: dict, forced_text: str, other_text: str) -> dict:
+    """The anatomy of one flip (fp8eval.engines.forcing): the prompt and the baseline's completion up to the
+    parting token prefilled once with prompt_logprobs=1, which gives the forced token's log-probability, its
+    rank (vLLM's Logprob.rank; 1 = this arm's greedy choice) and this arm's most likely token there."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1)
-    out = llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids) + list(forced))], params, use_tqdm=False)[0]
-    entries = list(out.prompt_logprobs)[len(prompt_ids):]
-    rows = []
-    for tok, entry in zip(forced, entries):
-        lp = entry[int(tok)]
+    from fp8eval.engines import forcing
+
+    tok = worker.tokenizer
+    prompt = worker.prompt_ids(req)
+    forced = list(tok.encode(forced_text, add_special_tokens=False))
+    other = list(tok.encode(other_text, add_special_tokens=False))
+    ids, p = forcing.forced_ids(forced, other, tok.eos_token_id)
+    row = None
+    if p < len(ids):
+        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=1)
+        out = worker.llm.generate([TokensPrompt(prompt_token_ids=prompt + ids[:p + 1])], params, use_tqdm=False)[0]
+        entry = list(out.prompt_logprobs)[len(prompt) + p]
+        lp = entry[int(ids[p])]
         top = min(entry.items(), key=lambda item: (getattr(item[1], "rank", None) or 1 << 30, -float(item[1].logprob)))
-        rows.append({"token": int(tok), "logprob": float(lp.logprob), "rank": int(getattr(lp, "rank", 0) or 0) or None,
-                     "top1": int(top[0])})
-    return rows
+        row = {"logprob": float(lp.logprob), "rank": getattr(lp, "rank", None), "top1": int(top[0])}
+    return forcing.answer(p, forced, other, row, lambda t: tok.decode([t]))
