@@ -32,7 +32,7 @@ def wilson(x: float, n: float, z: float) -> tuple[float, float]:
     p = x / n
     centre = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, centre - half), min(1.0, centre + half)
+    return (0.0 if x <= 0 else max(0.0, centre - half)), (1.0 if x >= n else min(1.0, centre + half))
 
 
 def square_and_add(p1: float, l1: float, u1: float, p2: float, l2: float, u2: float,
