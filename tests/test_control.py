@@ -185,6 +185,11 @@ def test_fake_run_control_arm_flips_excess_anatomy_and_report(tmp_path):
     assert "## Noise floor (control arms)" in md and "parts at completion token 0" in md
     verdicts = json.loads((out / "verdicts.json").read_text())
     assert [d["variant"] for d in verdicts["decisions"]] == ["fp8"]
+    # a zero-work rerun's report (from the report cache) keeps the noise floor and the anatomy
+    proc = run_cli(tmp_path, [*(a for a in args if a != "report=false"), "hydra.run.dir=run3"])
+    out3 = last_path(proc) / "report"
+    assert (out3 / "noise_floor.csv").read_text() == (out / "noise_floor.csv").read_text()
+    assert pd.read_csv(out3 / "flips.csv")["part_position"].notna().all()
 
 
 def test_an_inert_control_when_allowed_runs_apart_from_the_baseline_and_says_so(tmp_path):
@@ -397,7 +402,7 @@ def test_vllm_cpu_teacher_force_and_batch_invariant_check(tmp_path, monkeypatch)
     try:
         req = Request(id="q", messages=({"role": "user", "content": "Name three colours."},), n=1, seeds=(1,),
                       sampling={"temperature": 0.0, "max_tokens": 12})
-        text = next(iter(eng.generate([req]))).choices[0].text
+        text = list(eng.generate([req]))[0].choices[0].text  # drained: the worker sends "done" last
         got = eng.teacher_force(req, text, " ".join(text.split()[:2] + ["zebra"]))
         assert got["part_position"] >= 1 and got["rank"] == 1 and got["top1_token"] == got["forced_token"]
         assert got["logprob"] <= 0
