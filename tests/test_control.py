@@ -244,6 +244,30 @@ def test_external_server_batch1_control_sends_one_request_at_a_time(tmp_path):
     assert s["anatomy"]["bf16-batch1"]["flips"] == 0
 
 
+def test_server_teacher_force_through_echo_logprobs():
+    from fake_openai_server import FakeOpenAIServer, echo_logprob, token_id
+    from test_server_engine import BF16, make_cfg
+
+    from fp8eval.engines.base import Request
+    from fp8eval.engines.server import ServerEngine
+
+    with FakeOpenAIServer() as srv:
+        eng = ServerEngine(make_cfg(srv.url), BF16)
+        try:
+            req = Request(id="q", messages=({"role": "user", "content": "alpha beta"},), n=1, seeds=(1,), sampling={})
+            got = eng.teacher_force(req, "one two three", "one two four")
+            same = eng.teacher_force(req, "one two", "one two")
+        finally:
+            eng.close()
+    # the fake server echoes each prompt token's log-prob and, as its top-1, the previous id + 1
+    a, t = token_id(" two"), token_id(" three")
+    assert got["part_position"] == 2 and got["forced_tokens"] == 3 and got["logprob"] == echo_logprob(a, t)
+    assert got["rank"] == (2 if echo_logprob(a, a + 1) > echo_logprob(a, t) else 1)
+    assert got["top1_token"] == str(a + 1)
+    assert got["forced_token"] == str(t) and got["other_token"].startswith("<id")  # echoed text; no /detokenize
+    assert same["part_position"] == 2 and same["rank"] is None and same["forced_token"] == "<end>"
+
+
 # --- reference engine: real small runs ------------------------------------------------------------------
 @pytest.mark.slow
 def test_reference_teacher_force_is_exact_for_the_arms_own_greedy_completion(tmp_path):

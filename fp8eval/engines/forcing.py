@@ -5,7 +5,7 @@ the two completions part (the first token, under this engine's tokenizer, at whi
 baseline's completion -- and `other_text` -- this arm's own -- differ), and, with the baseline's completion
 forced through this arm after the prompt, this arm's log-probability of the baseline's token there, its rank
 (1 = this arm's own greedy choice) and this arm's most likely token there. Engines: reference (exact, one
-forward), vllm (prompt_logprobs in the worker), fake (scripted); others do not have it.
+forward), vllm (prompt_logprobs in the worker), server (echo logprobs), fake (scripted).
 """
 
 from __future__ import annotations
@@ -30,12 +30,13 @@ def forced_ids(forced: list[int], other: list[int], eos: int | None) -> tuple[li
 
 
 def answer(p: int, forced: list[int], other: list[int], row: dict | None, decode: Callable[[int], str]) -> dict:
-    """The anatomy of one flip from the forced row at the parting position `p` ({token, logprob, rank, top1})."""
+    """The anatomy of one flip from the forced row at the parting position `p` ({logprob, rank, top1 id or
+    top1_text}; None when the completions never part)."""
     out = {"part_position": p, "forced_tokens": len(forced), "other_tokens": len(other),
            "forced_token": decode(forced[p]) if p < len(forced) else "<end>",
            "other_token": decode(other[p]) if p < len(other) else "<end>",
            "logprob": None, "rank": None, "top1_token": None}
     if row is not None:
-        out.update(logprob=row.get("logprob"), rank=row.get("rank"),
-                   top1_token=decode(row["top1"]) if row.get("top1") is not None else None)
+        top1 = row["top1_text"] if "top1_text" in row else decode(row["top1"]) if row.get("top1") is not None else None
+        out.update(logprob=row.get("logprob"), rank=row.get("rank"), top1_token=top1)
     return out

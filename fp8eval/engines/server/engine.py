@@ -171,6 +171,12 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
         """Scoring requests (lm-eval's loglikelihood): /tokenize + echo logprobs (fp8eval.engines.vllm_scoring)."""
         return server_loglikelihood(self, requests)
 
+    def teacher_force(self, request: Request, forced_text: str, other_text: str) -> dict:
+        """The anatomy of one flip (fp8eval.engines.server.forcing: /tokenize, echo logprobs)."""
+        from fp8eval.engines.server.forcing import teacher_force
+
+        return teacher_force(self, request, forced_text, other_text)
+
     def generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
         before = self._counters() if self._prefill is not None else None
         finished = False
