@@ -59,7 +59,7 @@ def dissect(runner, task, items, arms, fingerprints: dict[str, str], out=print) 
         try:
             if not callable(getattr(engine, "teacher_force", None)):
                 info["unavailable"] = (f"the {getattr(engine, 'kind', '?')} engine cannot teacher-force (reference, "
-                                       "vllm and fake can); the flips are listed without their anatomy")
+                                       "vllm, server and fake can); the flips are listed without their anatomy")
                 continue
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("a", encoding="utf-8") as fh:
