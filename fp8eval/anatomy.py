@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import sys
 
-import fp8eval.control as controls
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.engines import build_engine
 from fp8eval.metrics.noise import RIGHT_AT
@@ -54,8 +53,7 @@ def dissect(runner, task, items, arms, fingerprints: dict[str, str], out=print) 
         summary[arm.name] = info
         if not todo:
             continue
-        control = controls.control_of(cfg) if arm.role == controls.ROLE else None
-        engine = build_engine(controls.engine_config(cfg, control) if control else cfg, arm, runner.shared)
+        engine = build_engine(cfg, arm, runner.shared)
         try:
             if not callable(getattr(engine, "teacher_force", None)):
                 info["unavailable"] = (f"the {getattr(engine, 'kind', '?')} engine cannot teacher-force (reference, "

@@ -16,7 +16,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from fp8eval.config import ControlConfig, EngineConfig, RunConfig
+from fp8eval.config import ControlConfig, RunConfig
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.engines import resolve_kind
 from fp8eval.engines.spec import ArmSpec
@@ -87,19 +87,7 @@ def control_arm(cfg, base: ArmSpec, control: ControlConfig) -> ArmSpec:
     args = {**base.engine_args, **_plain(control.engine_args)}
     return dataclasses.replace(base, role=ROLE, engine_args=args, label=arm_name(base.name, control),
                                env={str(k): str(v) for k, v in _plain(control.env).items()},
-                               seed_offset=int(control.seed_offset))
-
-
-def engine_config(cfg, control: ControlConfig):
-    """The run config the control arm's engine is built with: `control.engine` fields over the engine group."""
-    fields = _plain(control.engine)
-    if not fields:
-        return cfg
-    names = {f.name for f in dataclasses.fields(EngineConfig)}
-    unknown = sorted(set(fields) - names)
-    if unknown:
-        raise ControlError(f"control.engine: unknown engine field(s) {', '.join(unknown)}")
-    return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, **fields))
+                               engine_overrides=_plain(control.engine), seed_offset=int(control.seed_offset))
 
 
 def material(control: ControlConfig) -> dict:

@@ -403,8 +403,7 @@ class Runner:
         order = {"baseline": 1, controls.ROLE: 2}
         for arm in sorted(arms, key=lambda a: order.get(a.role, 0)):
             name, role = arm.name, arm.role
-            control = controls.control_of(cfg) if role == controls.ROLE else None
-            engine = build_engine(controls.engine_config(cfg, control) if control else cfg, arm, self.shared)
+            engine = build_engine(cfg, arm, self.shared)
             try:
                 backend = check_attention_backend(cfg, engine)  # before any request
                 if task is None:

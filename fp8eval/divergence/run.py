@@ -235,8 +235,7 @@ def run(cfg, run_dir: Path, out=print) -> dict:
     order = {"baseline": 1, controls.ROLE: 2}
     # the variant first: a configuration the engine cannot serve fails early; each distinct arm once
     for arm in sorted({a.name: a for a in arms}.values(), key=lambda a: order.get(a.role, 0)):
-        control = controls.control_of(cfg) if arm.role == controls.ROLE else None
-        engine = build_engine(controls.engine_config(cfg, control) if control else cfg, arm, shared)
+        engine = build_engine(cfg, arm, shared)
         kind = None
         try:
             data[arm.name], arm_info[arm.name], kind = _compute_arm(cfg, engine, arm, docs, records, out)

@@ -27,6 +27,9 @@ class ArmSpec:
     env: dict[str, str] = field(default_factory=dict)
     # Added to the run's seed for this arm's per-(sample, repeat) seeds (a control arm's other seeds)
     seed_offset: int = 0
+    # EngineConfig fields for this arm only, over the engine group (a control arm's prefill_chunk, concurrency);
+    # applied by fp8eval.engines.build_engine
+    engine_overrides: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
