@@ -453,3 +453,32 @@ def test_vllm_cpu_run_with_a_batch1_control(tmp_path, monkeypatch):
     assert s["control"]["n_pairs"] == 2 and not s["control"]["inert"]
     for a in s["anatomy"].values():
         assert a["computed"] + a["reused"] == a["flips"] and a["errors"] == 0
+
+
+def test_gpu_noise_floor_summary_keeps_failed_and_skipped_steps(tmp_path):
+    """scripts/gpu/summarize_noise_floor.py on a work dir like the H200 script leaves: a divergence with a
+    noise floor, a paired run's control block, a skipped step; nothing is dropped."""
+    import importlib.util
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("nf", REPO / "scripts" / "gpu" / "summarize_noise_floor.py")
+    nf = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(nf)
+    d = tmp_path / "work" / "div" / "batch1_smollm2-135m"
+    d.mkdir(parents=True)
+    bucket = {"kl_mean": 0.02, "top1_agree": 0.9, "dlogp_mean": 0.1, "n_tokens": 100}
+    floor = {"kl_mean": 0.004, "top1_agree": 0.99, "dlogp_mean": 0.01, "n_tokens": 100}
+    (d / "divergence.json").write_text(json.dumps({
+        "model": "smollm2-135m", "baseline": "bf16", "buckets": {"0-256": bucket}, "overall": bucket,
+        "arms": {"bf16": {"preflight": {"vllm_version": "0.26.0"}}},
+        "noise_floor": {"name": "batch1", "inert": False, "buckets": {"0-256": floor}, "overall": floor,
+                        "kl_ratio": {"buckets": {"0-256": 5.0}, "overall": 5.0}}}))
+    (tmp_path / "work" / "steps.tsv").write_text("batch1_smollm2-135m\t0\t30\t\nniah_batch1\t-1\t0\tskipped: 5 s left\n")
+    nf.main(tmp_path / "work", tmp_path / "out")
+    got = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [s["step"] for s in got["steps"]] == ["batch1_smollm2-135m", "niah_batch1"]
+    overall = [r for r in got["divergence"] if r["bucket"] == "overall"][0]
+    assert overall["kl_ratio"] == 5.0 and overall["kl_control"] == 0.004 and overall["vllm"] == "0.26.0"
+    text = (tmp_path / "out" / "summary.txt").read_text()
+    assert "skipped: 5 s left" in text and "niah_batch1: no summary" in text

@@ -14,7 +14,8 @@
 #   batch1_<model>    the same baseline (its results are reused from the first step's cache: one vLLM start),
 #                     control=batch1 (max_num_seqs=1: one passage at a time) against batch 64
 #   niah_batch1       (if time is left) a paired NIAH run on SmolLM2 with control=batch1: FP8's flips next to
-#                     the control's and the excess
+#                     the control's and the excess, each flip teacher-forced (anatomy)
+#   fp8_compiled_gemma3-270m  (if time is left) FP8 vs BF16 with both arms compiled: FP8's KL in that mode
 # Each divergence.json has the FP8 arm's KL (`overall`, `buckets`) and the control's (`noise_floor`). Results
 # in OUT_DIR: summary.json, summary.txt (the table, printed last), log_tail.txt. Work files stay in $WORK.
 # BUDGET_S (default 240) bounds the whole script. VLLM / DIV_EXTRA / NIAH_EXTRA override the engine options /
@@ -27,15 +28,15 @@ OUT=${1:?usage: h200_noise_floor.sh OUT_DIR [--dry]}
 DRY=${2:-}
 PY=${PY:-python3}
 BUDGET_S=${BUDGET_S:-240}
-WORK=${WORK:-$(mktemp -d /tmp/h200nf.XXXXXX)}
-mkdir -p "$OUT" "$WORK/div" "$WORK/niah"
+if [ "$DRY" = "--dry" ]; then WORK=${WORK:-/tmp/h200nf.dry}; else
+  WORK=${WORK:-$(mktemp -d /tmp/h200nf.XXXXXX)}; mkdir -p "$OUT" "$WORK/div" "$WORK/niah"; fi
 LOG="$WORK/run.log"
 START=$(date +%s)
 # The baseline every control is compared with: eager (a short start) and at most 64 sequences per step.
 VLLM=${VLLM:-"engine=vllm ++engine.engine_args.gpu_memory_utilization=0.25 ++engine.engine_args.enforce_eager=true ++engine.engine_args.max_num_seqs=64"}
 COMMON="records_dir=$WORK/records"
 DIV="divergence.lengths=[1024,2048] divergence.documents=4 divergence.batch=8 divergence.topk=20 divergence.plot=false"
-echo "work dir: $WORK; budget ${BUDGET_S} s" | tee -a "$LOG"
+[ "$DRY" = "--dry" ] || echo "work dir: $WORK; budget ${BUDGET_S} s" | tee -a "$LOG"
 
 left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
 
@@ -63,19 +64,20 @@ step() {
   echo "== $name: rc $rc in $(( $(date +%s) - t0 )) s" | tee -a "$LOG"
 }
 
-# Priority order: eager-vs-compiled on both models first (3 vLLM starts each), then batch 1 (1 start each).
+# Priority order: per model, eager-vs-compiled (3 vLLM starts) then batch 1 (1 start, the rest reused).
 for model in smollm2-135m gemma3-270m; do
   step "compiled_$model" 110 60 $PY -m fp8eval.divergence $COMMON "hydra.run.dir=$WORK/div/compiled_$model" \
     model=$model kv=fp8 control=compiled $DIV $VLLM ${DIV_EXTRA:-}
-done
-for model in smollm2-135m gemma3-270m; do
   step "batch1_$model" 45 25 $PY -m fp8eval.divergence $COMMON "hydra.run.dir=$WORK/div/batch1_$model" \
     model=$model kv=fp8 control=batch1 $DIV $VLLM ${DIV_EXTRA:-}
 done
-# A small paired task run with the batch-1 control: 3 vLLM starts, so only with a minute left.
-step niah_batch1 80 60 $PY -m fp8eval $COMMON "hydra.run.dir=$WORK/niah/batch1" model=smollm2-135m task=niah \
+# A small paired task run with the batch-1 control, flips teacher-forced (anatomy): 3-5 vLLM starts.
+step niah_batch1 100 70 $PY -m fp8eval $COMMON "hydra.run.dir=$WORK/niah/batch1" model=smollm2-135m task=niah \
   "task.lengths=[1024,2048]" "task.depths=[0,50,100]" task.needles_per_cell=2 control=batch1 report=false \
   progress=false $VLLM ${NIAH_EXTRA:-}
+# FP8's own KL when both arms are compiled (the issue saw gemma's eager KL 3x its compiled KL): 2 starts.
+step fp8_compiled_gemma3-270m 90 60 $PY -m fp8eval.divergence $COMMON "hydra.run.dir=$WORK/div/fp8_compiled_gemma3-270m" \
+  model=gemma3-270m kv=fp8 $DIV $VLLM ++engine.engine_args.enforce_eager=false ${DIV_EXTRA:-}
 
 [ "$DRY" = "--dry" ] && exit 0
 $PY scripts/gpu/summarize_noise_floor.py "$WORK" "$OUT" > "$WORK/summary.out" 2>&1 || echo "summary failed" >> "$WORK/summary.out"

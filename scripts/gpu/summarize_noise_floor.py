@@ -58,7 +58,7 @@ def main(work: Path, out: Path) -> None:
     rows = divergence_rows(work)
     niah = _load(work / "niah" / "batch1" / "summary.json")
     summary = {"steps": steps, "divergence": rows,
-               "niah_batch1": {k: niah.get(k) for k in ("recovery", "control")} if niah else None}
+               "niah_batch1": {k: niah.get(k) for k in ("recovery", "control", "anatomy")} if niah else None}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     lines = ["step\trc\tseconds\tnote"] + [f"{s['step']}\t{s['rc']}\t{s['seconds']}\t{s['note']}" for s in steps]
     lines += ["", f"{'step':<26} {'bucket':>8} {'n':>6} {'KL fp8':>10} {'top1 fp8':>8} {'KL ctrl':>10} "
