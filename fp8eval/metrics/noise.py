@@ -48,15 +48,19 @@ def square_and_add(p1: float, l1: float, u1: float, p2: float, l2: float, u2: fl
 def paired_diff_ci(both: int, first_only: int, second_only: int, neither: int,
                    level: float = 0.95) -> tuple[float, float, float]:
     """(estimate, low, high) of p_first - p_second from a paired 2x2 table (Newcombe 1998, method 10): Wilson
-    intervals of both margins combined with the observed phi correlation. Never zero-width: with no events
-    at all it still spans the rates n pairs cannot exclude."""
+    intervals of both margins combined with their phi correlation (a positive ad - bc reduced by n/2). Never
+    zero-width: with no events at all it still spans the rates n pairs cannot exclude."""
     n = both + first_only + second_only + neither
     if n <= 0:
         return math.nan, math.nan, math.nan
     z = _z(level)
     x1, x2 = both + first_only, both + second_only
     margins = x1 * (n - x1) * x2 * (n - x2)
-    phi = (both * neither - first_only * second_only) / math.sqrt(margins) if margins > 0 else 0.0
+    cross = both * neither - first_only * second_only
+    # Newcombe's correction: a positive cross product shrinks by n/2 (never below 0), so a few concordant pairs
+    # do not buy a narrower interval than the data support
+    cross = max(cross - n / 2.0, 0.0) if cross > 0 else cross
+    phi = cross / math.sqrt(margins) if margins > 0 else 0.0
     l1, u1 = wilson(x1, n, z)
     l2, u2 = wilson(x2, n, z)
     low, high = square_and_add(x1 / n, l1, u1, x2 / n, l2, u2, phi)
