@@ -16,7 +16,6 @@ import json
 import sys
 
 from fp8eval.core.errors import Fp8evalError
-from fp8eval.engines import build_engine
 from fp8eval.metrics.noise import RIGHT_AT
 from fp8eval.metrics.pairing import pair_records
 from fp8eval.records.anatomy import load, row_key, store_path
@@ -35,10 +34,9 @@ def flips(baseline: list[dict], other: list[dict], right_at: float = RIGHT_AT) -
     return out
 
 
-def dissect(runner, task, items, arms, fingerprints: dict[str, str], out=print) -> dict:
-    """Teacher-force every flip of every non-baseline arm not yet dissected; the summary's `anatomy` block
-    ({arm: {flips, computed, reused, errors, unavailable}})."""
-    cfg = runner.cfg
+def dissect(runner, door, task, items, arms, fingerprints: dict[str, str], out=print) -> dict:
+    """Teacher-force every flip of every non-baseline arm not yet dissected, each arm opened through the run's
+    `door` (fp8eval.arms); the summary's `anatomy` block ({arm: {flips, computed, reused, errors, unavailable}})."""
     by_key = {(it.sample.id, it.repeat): it for it in items}
     base = arms[0]
     summary: dict[str, dict] = {}
@@ -53,8 +51,7 @@ def dissect(runner, task, items, arms, fingerprints: dict[str, str], out=print) 
         summary[arm.name] = info
         if not todo:
             continue
-        engine = build_engine(cfg, arm, runner.shared)
-        try:
+        with door.engine(arm) as engine:
             if not callable(getattr(engine, "teacher_force", None)):
                 info["unavailable"] = (f"the {getattr(engine, 'kind', '?')} engine cannot teacher-force (reference, "
                                        "vllm, server and fake can); the flips are listed without their anatomy")
@@ -78,8 +75,6 @@ def dissect(runner, task, items, arms, fingerprints: dict[str, str], out=print) 
                     info["computed"] += 1
                     fh.write(json.dumps(row, ensure_ascii=False) + "\n")
                     fh.flush()
-        finally:
-            engine.close()
         if info["errors"]:
             print(f"warning: {info['errors']} flip(s) of {arm.name} could not be teacher-forced ({path})",
                   file=sys.stderr)

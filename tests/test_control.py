@@ -353,7 +353,7 @@ def test_divergence_batch1_control_with_a_vllm_like_engine(tmp_path, monkeypatch
         kind = "vllm"
         batches: list[int] = []
 
-        def __init__(self, cfg, arm, shared=None):
+        def __init__(self, cfg, arm, shared=None, kind=None):
             self.arm = arm
             self.preflight = {"cache_dtype": arm.engine_args.get("kv_cache_dtype", "auto")}
 
@@ -382,7 +382,7 @@ def test_divergence_batch1_control_with_a_vllm_like_engine(tmp_path, monkeypatch
             pass
 
     monkeypatch.setattr(R, "load_tokenizer", lambda model: _FakeTok())
-    monkeypatch.setattr(R, "build_engine", Eng)
+    monkeypatch.setattr("fp8eval.arms.build_engine", Eng)  # every wing opens its engines through fp8eval.arms
     monkeypatch.setattr(R, "resolve_kind", lambda cfg: "vllm")
     monkeypatch.setattr("fp8eval.control.resolve_kind", lambda cfg: "vllm")
     with pytest.raises(ControlError, match="one at a time"):  # batch 1: max_num_seqs=1 would change nothing
@@ -404,7 +404,7 @@ def test_divergence_bf16_against_itself_is_one_arm(tmp_path, monkeypatch):
     import fp8eval.divergence.run as R
 
     monkeypatch.setattr(R, "load_tokenizer", lambda model: _FakeTok())
-    monkeypatch.setattr(R, "build_engine", _FakeVLLM)
+    monkeypatch.setattr("fp8eval.arms.build_engine", _FakeVLLM)
     monkeypatch.setattr(R, "resolve_kind", lambda cfg: "vllm")
     res = R.run(_cfg(tmp_path, "kv=bf16", "engine=vllm", "divergence.lengths=[64]"), tmp_path / "s", out=lambda s: None)
     assert res["overall"]["kl_mean"] == 0 and list(res["arms"]) == ["bf16"]

@@ -18,13 +18,13 @@ import numpy as np
 from omegaconf import OmegaConf
 
 import fp8eval.control as controls
-from fp8eval.arms import resolve_arms
+from fp8eval.arms import ArmEngines, open_engines, resolve_arms
 from fp8eval.config import kv_fingerprint_view
 from fp8eval.core.hashing import canonical_json, fingerprint_hash
 from fp8eval.divergence import measures as M
 from fp8eval.divergence import sources
 from fp8eval.divergence.documents import Passage, load_tokenizer, passages
-from fp8eval.engines import build_engine, resolve_kind
+from fp8eval.engines import resolve_kind
 
 SCHEMA = 1
 TOPK_NOTE = ("KL over the tokens in both arms' top-k prompt_logprobs, both distributions renormalised to that "
@@ -211,6 +211,11 @@ def _ratio(a, b):
 
 def run(cfg, run_dir: Path, out=print) -> dict:
     """Prefill every passage through the variant, the baseline (and a control) arm, compare, write divergence.json."""
+    with open_engines(cfg) as door:  # the reference engine's model stays loaded for the measures
+        return _run(cfg, run_dir, door, out)
+
+
+def _run(cfg, run_dir: Path, door: ArmEngines, out) -> dict:
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -227,7 +232,6 @@ def run(cfg, run_dir: Path, out=print) -> dict:
         out(f"skipped lengths {too_long}: above model.max_model_len - 1 = {limit} (never truncated)")
     lengths = [n for n in dcfg.lengths if n <= limit]
     docs = passages(load_tokenizer(cfg.model), lengths, int(dcfg.documents))
-    shared: dict = {}
     data: dict[str, dict[str, dict]] = {}
     arm_info: dict[str, dict] = {}
     ref_engine = None
@@ -235,15 +239,15 @@ def run(cfg, run_dir: Path, out=print) -> dict:
     order = {"baseline": 1, controls.ROLE: 2}
     # the variant first: a configuration the engine cannot serve fails early; each distinct arm once
     for arm in sorted({a.name: a for a in arms}.values(), key=lambda a: order.get(a.role, 0)):
-        engine = build_engine(cfg, arm, shared)
+        engine = door.open(arm)
         kind = None
         try:
             data[arm.name], arm_info[arm.name], kind = _compute_arm(cfg, engine, arm, docs, records, out)
         finally:
             if kind == "hidden":
-                ref_engine = engine  # keeps the shared model for lm_head; nothing to free
+                ref_engine = engine  # keeps the shared model for lm_head (closed with the door)
             else:
-                engine.close()
+                door.close(engine)
     edges = tuple(int(e) for e in dcfg.edges)
     topk = int(dcfg.topk)
     main = _compare(docs, data[base_arm.name], data[var_arm.name], ref_engine, edges, topk)
