@@ -391,6 +391,11 @@ def test_divergence_batch1_control_with_a_vllm_like_engine(tmp_path, monkeypatch
                      "divergence.documents=2", "divergence.batch=4", "divergence.topk=5"), tmp_path / "b",
                 out=lambda s: None)
     assert 4 in Eng.batches
+    # a BF16 variant whose engine args differ from the baseline's is its own arm, not the baseline (KL > 0)
+    own = R.run(_cfg(tmp_path, "kv=bf16", "engine=vllm", "+kv.engine_args.max_num_seqs=1", "divergence.lengths=[64,80]",
+                     "divergence.documents=2", "divergence.batch=4", "divergence.topk=5"), tmp_path / "v",
+                out=lambda s: None)
+    assert own["kv"] == "bf16-variant" and own["overall"]["kl_mean"] > 0
     floor = res["noise_floor"]
     assert 0 < floor["overall"]["kl_mean"] < res["overall"]["kl_mean"]
     assert floor["kl_ratio"]["overall"] > 1
