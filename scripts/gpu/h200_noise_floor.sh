@@ -16,6 +16,7 @@
 #   niah_batch1       (if time is left) a paired NIAH run on SmolLM2 with control=batch1: FP8's flips next to
 #                     the control's and the excess, each flip teacher-forced (anatomy)
 #   fp8_compiled_gemma3-270m  (if time is left) FP8 vs BF16 with both arms compiled: FP8's KL in that mode
+#   batch_invariant_smollm2-135m  (if time is left) control=batch_invariant (VLLM_BATCH_INVARIANT=1)
 # Each divergence.json has the FP8 arm's KL (`overall`, `buckets`) and the control's (`noise_floor`). Results
 # in OUT_DIR: summary.json, summary.txt (the table, printed last), log_tail.txt. Work files stay in $WORK.
 # BUDGET_S (default 240) bounds the whole script. VLLM / DIV_EXTRA / NIAH_EXTRA override the engine options /
@@ -79,6 +80,10 @@ step niah_batch1 100 70 $PY -m fp8eval $COMMON "hydra.run.dir=$WORK/niah/batch1"
 # FP8's own KL when both arms are compiled (the issue saw gemma's eager KL 3x its compiled KL): 2 starts.
 step fp8_compiled_gemma3-270m 90 60 $PY -m fp8eval.divergence $COMMON "hydra.run.dir=$WORK/div/fp8_compiled_gemma3-270m" \
   model=gemma3-270m kv=fp8 $DIV $VLLM ++engine.engine_args.enforce_eager=false ${DIV_EXTRA:-}
+# vLLM's batch-invariant kernels against the default ones (1 start; refused if this vLLM lacks the mode).
+step batch_invariant_smollm2-135m 45 30 $PY -m fp8eval.divergence $COMMON \
+  "hydra.run.dir=$WORK/div/batch_invariant_smollm2-135m" model=smollm2-135m kv=fp8 control=batch_invariant $DIV $VLLM \
+  ${DIV_EXTRA:-}
 
 [ "$DRY" = "--dry" ] && exit 0
 $PY scripts/gpu/summarize_noise_floor.py "$WORK" "$OUT" > "$WORK/summary.out" 2>&1 || echo "summary failed" >> "$WORK/summary.out"
