@@ -15,7 +15,7 @@ import pytest
 from conftest import compose, run_inprocess
 
 from fp8eval.control import ControlError, check_effective, knob_effects, with_control_arm
-from fp8eval.metrics.noise import _z, control_comparison, paired_diff_ci, square_and_add, wilson
+from fp8eval.metrics.noise import control_comparison
 
 sys.path.insert(0, str(Path(__file__).parent))
 VLLM_ENV_PYTHON = os.environ.get("FP8EVAL_VLLM_PYTHON")
@@ -24,31 +24,17 @@ FAKE = ["engine=fake", "task=niah", "task.lengths=[1024,2048,4096]", "report=fal
 
 
 # --- statistics -------------------------------------------------------------------------------------
-def test_square_and_add_matches_newcombes_worked_example():
-    """Newcombe (1998, Stat Med 17:873) method 10 on 56/70 vs 48/80: 0.2, 95% CI 0.0524 to 0.3339."""
-    z = _z(0.95)
-    assert z == pytest.approx(1.959964, abs=1e-6)
-    (l1, u1), (l2, u2) = wilson(56, 70, z), wilson(48, 80, z)
-    low, high = square_and_add(0.8, l1, u1, 0.6, l2, u2)
-    assert (round(low, 4), round(high, 4)) == (0.0524, 0.3339)
+def test_excess_interval_is_honest_with_no_flips_and_orders_with_the_data():
+    """The excess's interval (fp8eval.metrics.intervals, stats' functions) on discordance tables."""
+    from fp8eval.metrics.intervals import newcombe_paired_diff
 
-
-def test_wilson_textbook_values():
-    """Wilson 95% interval of 0/10 is [0, 0.2775]; of 81/263 [0.2553, 0.3662] (Newcombe 1998 Table I)."""
-    z = _z(0.95)
-    assert wilson(0, 10, z) == (0.0, pytest.approx(0.2775, abs=1e-4))
-    low, high = wilson(81, 263, z)
-    assert (round(low, 4), round(high, 4)) == (0.2553, 0.3662)
-
-
-def test_paired_interval_is_honest_with_no_flips_and_orders_with_the_data():
-    est, low, high = paired_diff_ci(0, 0, 0, 9)
+    est, low, high = newcombe_paired_diff(0, 0, 0, 9)
     assert est == 0 and low < -0.25 and high > 0.25  # 9 pairs without a flip cannot exclude 1 in 4
-    est, low, high = paired_diff_ci(0, 6, 0, 94)
+    est, low, high = newcombe_paired_diff(0, 6, 0, 94)
     assert est == pytest.approx(0.06) and low > 0 and high < 0.14  # 6 variant-only flips in 100: above 0
     # the same margins, positively correlated (both arms flip the same pairs), give a narrower interval
-    _, l_ind, h_ind = paired_diff_ci(1, 5, 1, 93)
-    _, l_cor, h_cor = paired_diff_ci(5, 1, 0, 94)
+    _, l_ind, h_ind = newcombe_paired_diff(1, 5, 1, 93)
+    _, l_cor, h_cor = newcombe_paired_diff(5, 1, 0, 94)
     assert h_cor - l_cor < h_ind - l_ind
 
 
@@ -69,6 +55,11 @@ def test_control_comparison_counts_flips_on_common_pairs():
     assert got["excess_flip_rate"] == pytest.approx(2 / 6)
     low, high = got["ci"]
     assert low < 2 / 6 < high
+    # two repeats of each sample: the interval is clustered by sample (wider than six independent pairs)
+    rep = [dict(r, repeat=1, prompt_hash=r["prompt_hash"]) for r in base]
+    twice = control_comparison(base + rep, var + [dict(r, repeat=1) for r in var], ctl + [dict(r, repeat=1) for r in ctl])
+    assert twice["n_pairs"] == 12 and twice["excess_flip_rate"] == pytest.approx(2 / 6)
+    assert twice["ci"][0] < 2 / 6 < twice["ci"][1]
 
 
 # --- the knob rules --------------------------------------------------------------------------------
@@ -142,7 +133,7 @@ def test_control_needs_a_baseline_and_unknown_settings_fail():
 def test_fake_run_control_arm_flips_excess_anatomy_and_report(tmp_path):
     from conftest import last_path, run_cli
 
-    from fp8eval.runner import format_table
+    from fp8eval.table import format_table
 
     args = [*FAKE, "control=noise", "control.engine_args.fake_noise=0.4", "+engine.engine_args.fake_fp8_error=0.4"]
     proc = run_cli(tmp_path, [*(a for a in args if a != "report=false"), "hydra.run.dir=run"])
@@ -198,7 +189,7 @@ def test_an_inert_control_when_allowed_runs_apart_from_the_baseline_and_says_so(
     base, ctl = s["arms"]["bf16"], s["arms"]["bf16-eager"]
     assert base["fingerprint"] != ctl["fingerprint"] and base["records"] != ctl["records"]
     assert ctl["requests_sent"] == 9 and s["control"]["control"]["flips"] == 0
-    from fp8eval.runner import format_table
+    from fp8eval.table import format_table
 
     assert "INERT" in format_table(s)
 

@@ -21,6 +21,7 @@ import fp8eval.control as controls
 from fp8eval.arms import ArmEngines, open_engines, resolve_arms
 from fp8eval.config import kv_fingerprint_view
 from fp8eval.core.hashing import canonical_json, fingerprint_hash
+from fp8eval.core.secrets import redact_obj
 from fp8eval.divergence import measures as M
 from fp8eval.divergence import sources
 from fp8eval.divergence.documents import Passage, load_tokenizer, passages
@@ -277,7 +278,7 @@ def _run(cfg, run_dir: Path, door: ArmEngines, out) -> dict:
                                  "kl_ratio": {"buckets": ratio, "overall": _ratio(result["overall"]["kl_mean"],
                                                                                   floor["overall"]["kl_mean"])}}
     result["elapsed_s"] = round(time.perf_counter() - t0, 2)
-    (run_dir / "divergence.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    (run_dir / "divergence.json").write_text(json.dumps(redact_obj(result), indent=2) + "\n", encoding="utf-8")
     if dcfg.plot:
         try:
             from fp8eval.divergence.plot import plot_divergence
