@@ -201,7 +201,7 @@ def format_lines(summary: dict) -> list[str]:
     if c.get("excess_flip_rate") is not None:
         lo, hi = c["ci"]
         out.append(f"  excess flip rate of {variant} over the control: {100 * c['excess_flip_rate']:+.1f} points, "
-                   f"{100 * c['level']:.0f}% CI [{100 * lo:+.1f}, {100 * hi:+.1f}] (Newcombe paired)")
+                   f"{100 * c['level']:.0f}% CI [{100 * lo:+.1f}, {100 * hi:+.1f}] (paired, by sample)")
     inert = [r for r in c.get("knobs") or [] if not r["effective"]]
     for r in inert:
         out.append(f"  {r['knob']}={r['value']}: no effect here ({r['why']})")

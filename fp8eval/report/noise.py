@@ -100,7 +100,8 @@ def markdown(noise: pd.DataFrame, level: float) -> list[str]:
     lines = ["", "## Noise floor (control arms)", "",
              "A control arm runs the baseline's kv option again with something that should not change accuracy."
              f" Excess = the variant's flip rate minus the control's on the same (sample, repeat) pairs, in points,"
-             f" with a {level * 100:.0f}% Newcombe paired score interval; an excess whose interval covers 0 is"
+             f" with a {level * 100:.0f}% paired interval (Newcombe's score interval, clustered by sample when a"
+             " sample has several repeats); an excess whose interval covers 0 is"
              " within the noise floor. Per-flip anatomy (where the completions part, the arm's log-prob and rank"
              " of the baseline's token) is in the Flips table and `flips.csv`.", "",
              "| model | task | variant | control | setting | pairs | variant lost/gained | control lost/gained |"

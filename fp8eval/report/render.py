@@ -275,7 +275,7 @@ def render_html(d: ReportData) -> str:
                      else ".") + "</p>")
     if d.noise is not None and not d.noise.empty:
         parts.append("<section><h2>Noise floor (control arms)</h2><p class=\"note\">Excess = the variant's flip rate"
-                     " minus the control's on the same pairs, with a Newcombe paired score interval.</p>"
+                     " minus the control's on the same pairs, with a paired interval (Newcombe; clustered by sample).</p>"
                      + _table(d.noise, {c: "num" if c not in ("model", "task", "baseline", "variant", "control",
                                                                "setting", "inert") else "text"
                                          for c in noise.NOISE_COLUMNS}, "noise", scroll=False) + "</section>")
