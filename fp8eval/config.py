@@ -137,6 +137,30 @@ class EngineConfig:
 
 
 @dataclass
+class ControlConfig:
+    """A noise-floor control arm (`control=<name>`, conf/control/): the baseline's kv option run a second
+    time with something that should not change accuracy (batch size, eager vs compiled, another seed,
+    tensor parallelism, vLLM's batch-invariant mode). `none` runs no control arm. fp8eval.control decides,
+    per engine, which of these settings take effect (an arm whose settings change nothing is refused
+    unless allow_inert)."""
+
+    name: str = "none"
+    description: str = ""
+    # vLLM EngineArgs over the baseline's (max_num_seqs, enforce_eager, tensor_parallel_size, ...)
+    engine_args: dict[str, Any] = field(default_factory=dict)
+    # EngineConfig fields over the run's engine group for this arm only (reference: prefill_chunk;
+    # server: concurrency)
+    engine: dict[str, Any] = field(default_factory=dict)
+    # Environment variables of the arm's vLLM process (offline worker or managed server)
+    env: dict[str, str] = field(default_factory=dict)
+    # Added to the run's seed for this arm: other per-(sample, repeat) seeds (matters for sampled runs)
+    seed_offset: int = 0
+    # Run the arm even when none of its settings takes effect on this engine (it then measures only the
+    # engine's own run-to-run nondeterminism, and says so)
+    allow_inert: bool = False
+
+
+@dataclass
 class TaskConfig:
     name: str = MISSING
     repeats: int = 1
@@ -207,6 +231,11 @@ class RunConfig:
     seed: int = 1234
     # kv option of the baseline arm every other arm is paired with; "none" runs the arm alone.
     baseline: str = "bf16"
+    # A noise-floor control arm beside the baseline (conf/control/; `none`: no control arm).
+    control: ControlConfig = field(default_factory=ControlConfig)
+    # After the arms: teacher-force every flip through its arm (where the completions part, the arm's log-prob
+    # and rank of the baseline's token there; fp8eval.anatomy). Reopens each arm with flips once.
+    anatomy: bool = True
     records_dir: str = "outputs/records"
     # Group commit of the records store: one fsync covers the appends of this many seconds (0: one fsync per
     # completion); a record is acknowledged (claim released, counted) only after its fsync (fp8eval.records.store).

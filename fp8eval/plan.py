@@ -71,6 +71,8 @@ def estimate(cfg, sampling: dict) -> Estimate:
     """The cost of the configured run (one checkpoint; `plan.checkpoints` lists the others)."""
     plan = cfg.plan
     arms = 1 if cfg.baseline in (None, "none", "") or cfg.baseline == cfg.kv.name else 2
+    control = getattr(cfg, "control", None)
+    arms += 1 if arms == 2 and control is not None and control.name not in ("none", "") else 0  # control=<name>
     checkpoints = list(plan.checkpoints) or [cfg.model.name]
     gpus = plan.gpus or int(cfg.model.tensor_parallel_size)
     task = cfg.task

@@ -12,6 +12,8 @@ from typing import Any
 from omegaconf import OmegaConf
 from tqdm import tqdm
 
+import fp8eval.anatomy as anatomy
+import fp8eval.control as controls
 import fp8eval.shard as shards
 from fp8eval.arms import ArmSpec, open_engines, resolve_arms
 from fp8eval.config import RunConfig, SamplingConfig, kv_fingerprint_view
@@ -26,6 +28,7 @@ from fp8eval.engines.loglikelihood import send
 from fp8eval.engines.parallel import fingerprint_view
 from fp8eval.engines.prompting import prompt_text_for
 from fp8eval.metrics.arm import arm_summary, paired_recovery, paired_verdicts
+from fp8eval.metrics.noise import control_comparison
 from fp8eval.metrics.pairing import value_recovery
 from fp8eval.metrics.verdict import GateSettings
 from fp8eval.records import RECORD_SCHEMA, ArmRecords, ArmStore, fingerprint_hash
@@ -121,8 +124,8 @@ class Runner:
     def arms(self) -> list[ArmSpec]:
         """Listed baseline first (the order of summary.json's arms), then the variant; one arm alone when
         `baseline` is none. Both resolved through Hydra the same way (fp8eval.arms). `run()` runs them
-        in the other order: the variant first."""
-        return resolve_arms(self.cfg)
+        in the other order: the variant first. A `control=<name>` arm comes last (fp8eval.control)."""
+        return controls.with_control_arm(self.cfg, resolve_arms(self.cfg))
 
     # --- planning ----------------------------------------------------------------------------------------
     def plan(self, task: Task, engine) -> list[PlannedItem]:
@@ -211,7 +214,7 @@ class Runner:
         for k in ("name", "description"):
             kv_d.pop(k, None)
         kv_d = kv_fingerprint_view(kv_d)  # emulation knobs only where they change a number
-        return {
+        material = {
             "record_schema": RECORD_SCHEMA,
             "model": model,
             "engine": fingerprint_view(engine.describe()),  # data parallelism left out
@@ -220,6 +223,13 @@ class Runner:
             "task": {"name": task.name, "version": task.version, "config": task_cfg, **task.fingerprint()},
             "seed": self.cfg.seed,
         }
+        if arm.role == controls.ROLE:  # never the baseline's records, even where the engine ignores the knobs
+            material["control"] = controls.material(controls.control_of(self.cfg))
+        return material
+
+    def seed_of(self, arm: ArmSpec) -> int:
+        """The run's seed for this arm: a control arm may shift it (control.seed_offset)."""
+        return int(self.cfg.seed) + int(getattr(arm, "seed_offset", 0) or 0)
 
     # --- one arm ---------------------------------------------------------------------------------------
     def run_arm(self, task: Task, engine, arm: ArmSpec, items: list[PlannedItem]) -> dict:
@@ -310,7 +320,7 @@ class Runner:
         for its in groups:
             sid, phash = its[0].sample.id, its[0].prompt_hash
             rid = f"{sid}|{phash[:12]}|{','.join(str(i.repeat) for i in its)}"
-            seeds = [derive_seed(sid, i.repeat, self.cfg.seed) for i in its]
+            seeds = [derive_seed(sid, i.repeat, self.seed_of(kv)) for i in its]
             requests.append(self._request(rid, its[0].prompt, len(its), seeds))
             by_id[rid] = its
         # Longest prompts first: fewer stragglers at the end of a batch.
@@ -348,7 +358,7 @@ class Runner:
         rec = {
             "schema": RECORD_SCHEMA, "arm": fp, "kv": kv.name, "task": task.name, "task_version": task.version,
             "sample_id": it.sample.id, "repeat": it.repeat,
-            "seed": derive_seed(it.sample.id, it.repeat, self.cfg.seed), "groups": list(it.sample.groups),
+            "seed": derive_seed(it.sample.id, it.repeat, self.seed_of(kv)), "groups": list(it.sample.groups),
             "prompt_hash": it.prompt_hash, "prompt_tokens": it.prompt_tokens,
             "sampling": self.prompt_sampling(it.prompt),
             "time": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -388,7 +398,7 @@ class Runner:
     def _passes(self, arms: list[ArmSpec]):
         """The arms in run order (the variant first), once; with stop=sequential again after each round that
         left a bucket undecided (`Rounds.advance` on both arms' records)."""
-        order = sorted(arms, key=lambda a: a.role == "baseline")
+        order = sorted(arms, key=lambda a: {"baseline": 1, controls.ROLE: 2}.get(a.role, 0))  # control last
         while True:
             yield from order
             if self.rounds is None or not self.rounds.advance(self.views[arms[0].name].records,
@@ -403,6 +413,7 @@ class Runner:
         t0 = time.perf_counter()
         check_task_config(cfg.task)
         arms = self.arms()
+        control_info = controls.preflight(cfg, arms, self.sampling, self.out)  # before any engine starts
         tcls = task_class(cfg.task.name)
         task_cfg = cfg.task if isinstance(cfg.task, tcls.config_class) else OmegaConf.to_object(cfg.task)
         summaries: dict[str, dict] = {}
@@ -410,7 +421,7 @@ class Runner:
         notes: list[str] = []
         # The variant runs first: a configuration an engine cannot serve (fp8 on a CPU build of vLLM,
         # per-head scales without a scales file) fails before any baseline work is spent.
-        check_stop(cfg.stop, len(arms) == 2, cfg.shard)
+        check_stop(cfg.stop, len(arms) >= 2, cfg.shard)
         door = open_engines(cfg)  # the arms share what they can (the reference engine's loaded model)
         for arm in self._passes(arms):  # each arm once; again per round with stop=sequential
             name, role = arm.name, arm.role
@@ -448,7 +459,7 @@ class Runner:
         }
         if cfg.shard is not None:
             summary["shard"] = cfg.shard  # this summary covers only the shard's samples
-        if len(arms) == 2:
+        if len(arms) >= 2:
             summary["recovery"] = paired_recovery(self.views[arms[0].name].records,
                                                   self.views[arms[1].name].records)
             for key in getattr(task, "recovery_keys", ()):  # task metrics that are not a mean (MRCR AUC)
@@ -459,6 +470,12 @@ class Runner:
         if self.rounds is not None:
             summary["sequential"] = self.rounds.summary(self.views[arms[0].name].records,
                                                         self.views[arms[1].name].records)
+        if cfg.anatomy and len(arms) >= 2 and cfg.shard is None:  # where each flip's completions part
+            summary["anatomy"] = anatomy.dissect(self, door, task, items, arms,
+                                                 {a.name: summaries[a.name]["fingerprint"] for a in arms}, self.out)
+        if control_info is not None:  # the variant's flips next to the control's, and the excess
+            views = [self.views[a.name].records for a in arms]
+            summary["control"] = {**control_info, **control_comparison(views[0], views[1], views[2])}
         summary["wall_s"] = round(time.perf_counter() - t0, 2)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # redacted, never NaN/inf; one line on a disk error

@@ -3,6 +3,8 @@ per group, the counts, the sequential stop (stop=sequential) and the overall ver
 
 from __future__ import annotations
 
+from fp8eval.control import format_lines as control_lines
+
 
 def format_table(summary: dict) -> str:
     """A readable recovery table for the terminal."""
@@ -65,4 +67,4 @@ def format_table(summary: dict) -> str:
     if ver.get("overall"):
         gate = (ver.get("settings") or {}).get("gate")
         extra.append(f"verdict (gate {gate:g}%): {ver['overall']['verdict']}: {ver['overall']['why']}")
-    return "\n".join(out + [""] + extra)
+    return "\n".join(out + [""] + extra + control_lines(summary))  # control=<name>: flips and the excess

@@ -123,6 +123,7 @@ RANKS = {
     "records": 6,
     "report": 7,
     "runner": 8, "arms": 8, "shard": 8, "plan": 8, "token_counts": 8, "overrides": 8, "stopping": 8, "table": 8,
+    "control": 8, "anatomy": 8,
     "registry": 9,
     "calibrate": 10, "divergence": 10, "perf": 10, "power": 10, "probe": 10,  # the wings
     "sensitivity": 11,  # builds on divergence's measures and passages

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from fp8eval.config import PairedCliConfig
+from fp8eval.config import ControlConfig, PairedCliConfig
 from fp8eval.divergence.measures import DEFAULT_EDGES
 
 
@@ -16,6 +16,9 @@ class DivergenceConfig:
     # vllm engine: log-probabilities per position from vLLM's prompt_logprobs (vLLM's max_logprobs is raised
     # to match when above its default 20). The reference engine compares full vocabularies (exact).
     topk: int = 20
+    # vllm engine: passages sent to vLLM together per prefill call (they may share its batches); 1 = one at a
+    # time. A batch-size control (control=batch1, max_num_seqs=1) needs batch > 1 to differ from its baseline.
+    batch: int = 1
     # Position bucket edges (tokens); the last bucket is open.
     edges: list[int] = field(default_factory=lambda: list(DEFAULT_EDGES))
     plot: bool = True
@@ -24,6 +27,8 @@ class DivergenceConfig:
 @dataclass
 class DivergenceRunConfig(PairedCliConfig):
     divergence: DivergenceConfig = field(default_factory=DivergenceConfig)
+    # A noise-floor control arm (conf/control/): its KL from the baseline is printed beside the variant's.
+    control: ControlConfig = field(default_factory=ControlConfig)
     # Per-arm, per-passage results are kept under <records_dir>/divergence/ (resumable).
     records_dir: str = "outputs/records"
     seed: int = 1234  # unused by prefill; engines read it

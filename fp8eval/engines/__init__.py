@@ -67,4 +67,19 @@ def build_engine(cfg: RunConfig, arm: ArmSpec, shared: dict | None = None, kind:
     if kind not in ENGINES:
         raise EngineError(f"unknown engine kind {kind!r}; valid: auto, {', '.join(sorted(ENGINES))}")
     module, _, cls = ENGINES[kind].partition(":")
-    return getattr(importlib.import_module(module), cls)(cfg, arm, shared)
+    return getattr(importlib.import_module(module), cls)(arm_config(cfg, arm), arm, shared)
+
+
+def arm_config(cfg: RunConfig, arm: ArmSpec) -> RunConfig:
+    """The run config an arm's engine is built with: the arm's own engine-group fields over the run's (a
+    control arm's `prefill_chunk` or `concurrency`; fp8eval.control); the run's config itself otherwise."""
+    if not arm.engine_overrides:
+        return cfg
+    import dataclasses
+
+    from fp8eval.config import EngineConfig
+
+    unknown = sorted(set(arm.engine_overrides) - {f.name for f in dataclasses.fields(EngineConfig)})
+    if unknown:
+        raise EngineError(f"arm {arm.name}: unknown engine field(s) {', '.join(unknown)}")
+    return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, **arm.engine_overrides))

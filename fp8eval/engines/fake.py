@@ -7,7 +7,8 @@
 - a path to a JSONL file of {"prompt_hash" or "contains": ..., "completion": ...} lines.
 A kv arm whose cache dtype is not auto degrades deterministically when `engine.engine_args.fake_fp8_error`
 (a probability) is set, so recovery below 100% can be tested without a model; `fake_delay_s` makes each
-request take that long (for crash and resume tests).
+request take that long (for crash and resume tests); an arm's own `fake_noise` (control=noise) flips that
+share of its answers whatever the cache, independently of the FP8 error (a noise-floor control arm).
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ class FakeEngine:
         self.cache_dtype = str(kv.engine_args.get("kv_cache_dtype", "auto"))
         self.error_rate = float(arm.engine_args.get("fake_fp8_error", 0.0)) if self.cache_dtype != "auto" else 0.0
         self.delay_s = float(arm.engine_args.get("fake_delay_s", 0.0))
+        # A control arm's `fake_noise`: answers flip at this rate whatever the cache (fp8eval.control).
+        self.noise = float(arm.engine_args.get("fake_noise", 0.0))
         self.sent = 0
         self._fn = self._resolve(self.script)
 
@@ -101,7 +104,8 @@ class FakeEngine:
         return {"kind": self.kind, "script": self.script, "cache_dtype": self.cache_dtype,
                 "skip_layers": list(self.kv.engine_args.get("kv_cache_dtype_skip_layers") or []),
                 "scales": self.kv.scales, "error_rate": self.error_rate,
-                "engine_args": dict(self.cfg.engine.engine_args)}
+                "engine_args": dict(self.cfg.engine.engine_args),
+                **({"noise": self.noise} if self.noise else {})}
 
     def max_model_len(self) -> int:
         return int(self.cfg.model.max_model_len)
@@ -126,6 +130,8 @@ class FakeEngine:
                 text = self._fn(req, i)
                 if self.error_rate and _unit(req.seeds[i], req.id) < self.error_rate:
                     text = "I could not find it."
+                if self.noise and _unit(req.seeds[i], "noise:" + req.id) < self.noise:
+                    text = "I could not find it." if text != "I could not find it." else self._fn(req, i)
                 words = text.split()
                 finish = "stop"
                 if len(words) > max_tokens:
@@ -150,6 +156,22 @@ class FakeEngine:
             if self.error_rate and _unit(req.seeds[0], req.id) < self.error_rate:
                 pairs = [(-10.0 * _unit(1, f"{req.id}:{j}"), False) for j in range(len(pairs))]
             yield completion(req, pairs, self.count_prompt_tokens(req))
+
+    def teacher_force(self, req: Request, forced_text: str, other_text: str) -> dict:
+        """Scripted anatomy of a flip (fp8eval.engines.forcing): words are tokens; the forced word gets a
+        deterministic log-probability and a rank of 2 or more, this arm's own word is its top-1."""
+        from fp8eval.engines import forcing
+
+        words: dict[str, int] = {}
+        forced = [words.setdefault(w, len(words)) for w in forced_text.split()]
+        other = [words.setdefault(w, len(words)) for w in other_text.split()]
+        names = {i: w for w, i in words.items()}
+        ids, p = forcing.forced_ids(forced, other, None)
+        row = None
+        if p < len(ids):
+            u = _unit(0, f"force:{req.id}:{p}")
+            row = {"logprob": -1.0 - 9.0 * u, "rank": 2 + int(8 * u), "top1": other[p] if p < len(other) else None}
+        return forcing.answer(p, forced, other, row, lambda t: names.get(t, "?"))
 
     def close(self) -> None:
         pass

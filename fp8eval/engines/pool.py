@@ -235,6 +235,10 @@ class PoolEngine:
         and a scoring request is one prefill, so spreading them buys little."""
         return self._live()[0].engine.loglikelihood(requests)
 
+    def teacher_force(self, request: Request, forced_text: str, other_text: str) -> dict:
+        """The anatomy of one flip on one live replica (they agree on everything that can change a number)."""
+        return self._live()[0].engine.teacher_force(request, forced_text, other_text)
+
     def generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
         # Counters only when no replica was dropped during the call: a dead replica's work is lost.
         before = self._counters() if self._prefill is not None else None

@@ -7,6 +7,7 @@ bfloat16 matmuls are slow); what differs between arms is only what the KV cache 
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from importlib import metadata
 from typing import Iterable, Iterator
@@ -221,7 +222,18 @@ class ReferenceEngine:
 
     # --- generation ---------------------------------------------------------------------------------
     def generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
-        return self._each(requests, self._generate_one)
+        return self._each(requests, self._generate_capped)
+
+    def _generate_capped(self, req: Request) -> Completion:
+        """`max_num_seqs` (a control arm's batch cap): a request's n sequences decoded in batches of at most that
+        many, each sequence with its own seed as before, so only the batch shape differs."""
+        cap = int((getattr(self.kv, "engine_args", None) or {}).get("max_num_seqs") or 0)
+        if not cap or req.n <= cap:
+            return self._generate_one(req)
+        parts = [self._generate_one(dataclasses.replace(req, n=len(req.seeds[i:i + cap]), seeds=req.seeds[i:i + cap]))
+                 for i in range(0, req.n, cap)]
+        return dataclasses.replace(parts[0], choices=[c for p in parts for c in p.choices],
+                                   latency_s=sum(p.latency_s for p in parts))
 
     def _each(self, requests: Iterable[Request], one) -> Iterator[Completion]:
         """One request at a time, under this arm's KV policy (the model is shared between arms)."""
@@ -340,6 +352,29 @@ class ReferenceEngine:
                 self.computed_prefill_tokens += len(ctx) + len(cont) - 1
         prompt_tokens = sum(len(a) + len(b) for a, b in encoded)
         return ll.completion(req, pairs, prompt_tokens, time.perf_counter() - t0)
+
+    # --- teacher forcing (the anatomy of a flip, fp8eval.engines.forcing) -------------------------------
+    def teacher_force(self, req: Request, forced_text: str, other_text: str) -> dict:
+        """Exact: the prompt and the forced completion in one forward under this arm's KV policy."""
+        import torch
+
+        from fp8eval.engines import forcing
+
+        self._load()
+        self._shared["active_policy"] = self._policy
+        tok = self.tokenizer()
+        prompt = self.prompt_ids(req)
+        forced = tok(forced_text, add_special_tokens=False)["input_ids"]
+        other = tok(other_text, add_special_tokens=False)["input_ids"]
+        ids, p = forcing.forced_ids(forced, other, tok.eos_token_id)
+        row = None
+        if p < len(ids):
+            with torch.inference_mode():
+                x = torch.tensor([prompt + ids[:p]], device=self._device_name())
+                logp = torch.log_softmax(self._model(input_ids=x, logits_to_keep=1).logits[0, -1].float(), -1)
+            lp = float(logp[ids[p]])
+            row = {"logprob": lp, "rank": int((logp > logp[ids[p]]).sum()) + 1, "top1": int(logp.argmax())}
+        return forcing.answer(p, forced, other, row, lambda t: tok.decode([t]))
 
     def close(self) -> None:
         self._model = None

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from omegaconf import OmegaConf
@@ -20,9 +20,16 @@ class ArmSpec:
     and the scales and emulation fields. Made by `fp8eval.arms` (the one door), never by an engine."""
 
     kv: KVConfig
-    role: str  # baseline | variant | single | arm
+    role: str  # baseline | variant | single | arm | control
     engine_args: dict[str, Any]
-    label: str = ""  # the arm's name when it is not the kv option's (a control arm: `bf16-variant`)
+    label: str = ""  # the arm's name when it is not the kv option's (control arms: `bf16-variant`, `bf16-batch1`)
+    # Environment variables of this arm's vLLM process only (a control arm's VLLM_BATCH_INVARIANT=1)
+    env: dict[str, str] = field(default_factory=dict)
+    # Added to the run's seed for this arm's per-(sample, repeat) seeds (a control arm's other seeds)
+    seed_offset: int = 0
+    # EngineConfig fields for this arm only, over the engine group (a control arm's prefill_chunk, concurrency);
+    # applied by fp8eval.engines.build_engine
+    engine_overrides: dict[str, Any] = field(default_factory=dict)
 
     @property
     def name(self) -> str:

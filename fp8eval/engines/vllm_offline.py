@@ -12,6 +12,7 @@ FP8 cache on a CPU without AVX-512, a missing vllm) fails before the runner open
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -27,7 +28,7 @@ from fp8eval.engines.prompting import plain_prompt_text
 from fp8eval.engines.spec import ArmSpec
 from fp8eval.engines.vllm import args as vargs
 from fp8eval.engines.vllm import child as vchild
-from fp8eval.engines.vllm import kvcheck, logscan
+from fp8eval.engines.vllm import kvcheck, logscan, prompt_ops
 from fp8eval.engines.vllm import stats as vstats
 
 WORKER_MODULE = "fp8eval.engines.vllm_offline"
@@ -62,13 +63,14 @@ class VLLMOfflineEngine:
         # engine.attention_backend: an engine arg for a vLLM that has it, else VLLM_ATTENTION_BACKEND.
         launch_args, env = attention.for_launch(self.args, vchild.child_env(vchild.cpu_threads(self.threads, self.args)),
                                                 self.python)
+        env.update(vchild.arm_env(self.kv))  # a control arm's VLLM_BATCH_INVARIANT=1, this arm only
         import subprocess
 
         self._child = vchild.ChildProcess(
             [self.python, "-m", WORKER_MODULE, "--worker"], self.log_path, env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )
-        spec = {"engine_args": launch_args}
+        spec = {"engine_args": launch_args, "env": vchild.arm_env(self.kv)}
         try:
             self._send(spec)
             reply = self._recv(timeout_s=float(getattr(self.cfg.engine, "startup_timeout_s", 1200.0)))
@@ -168,6 +170,7 @@ class VLLMOfflineEngine:
         }
         if self.trust_declared_kv:
             out["trust_declared_kv"] = True
+        out.update({"env": vchild.arm_env(self.kv)} if vchild.arm_env(self.kv) else {})  # only when set
         return out
 
     def startup_warnings(self) -> dict[str, list[str]]:
@@ -197,13 +200,26 @@ class VLLMOfflineEngine:
     def prompt_logprobs(self, ids: list[int], k: int) -> tuple[list[list[int]], list[list[float]]]:
         """Prefill only: the top-k (token id, log-prob) of the next-token distribution after each of
         positions 0..len(ids)-2 (vLLM's `prompt_logprobs`), for `python -m fp8eval.divergence`."""
+        reply = self._ask({"op": "prompt_logprobs", "ids": list(ids), "k": int(k)}, "compute prompt logprobs")
+        return reply["ids"], reply["logprobs"]
+
+    def prompt_logprobs_many(self, batch: list[list[int]], k: int) -> list[tuple[list, list]]:
+        """prompt_logprobs of several prompts sent to vLLM together (they may share its batches)."""
+        reply = self._ask({"op": "prompt_logprobs", "batch": [list(i) for i in batch], "k": int(k)}, "compute prompt logprobs")
+        return [tuple(r) for r in reply["rows"]]
+
+    def teacher_force(self, request: Request, forced_text: str, other_text: str) -> dict:
+        """The anatomy of one flip in the worker (fp8eval.engines.forcing, fp8eval.engines.vllm.prompt_ops)."""
+        msg = {"op": "teacher_force", "request": _request_json(request), "forced": forced_text, "other": other_text}
+        return self._ask(msg, "teacher-force")["answer"]
+
+    def _ask(self, msg: dict, what: str) -> dict:
         with self._lock:
-            self._send({"op": "prompt_logprobs", "ids": list(ids), "k": int(k)})
+            self._send(msg)
             reply = self._recv()
         if reply.get("op") == "error":
-            raise EngineError(f"vLLM could not compute prompt logprobs: {reply.get('type')}: {reply.get('message')}. "
-                              f"Log: {self.log_path}.")
-        return reply["ids"], reply["logprobs"]
+            raise EngineError(f"vLLM could not {what}: {reply.get('type')}: {reply.get('message')}. Log: {self.log_path}.")
+        return reply
 
     def generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
         with self._lock:
@@ -248,10 +264,8 @@ class VLLMOfflineEngine:
         child.stop()
 
     def __del__(self):  # pragma: no cover - best effort
-        try:
+        with contextlib.suppress(Exception):
             self.close()
-        except Exception:
-            pass
 
 
 def _request_json(r: Request) -> dict:
@@ -262,13 +276,9 @@ def _request_json(r: Request) -> dict:
 
 def _completion_from_json(d: dict) -> Completion:
     return Completion(
-        request_id=d["request_id"],
-        choices=[Choice(**c) for c in d["choices"]],
-        prompt_tokens=d["prompt_tokens"],
-        cached_prompt_tokens=d.get("cached_prompt_tokens"),
-        latency_s=d.get("latency_s", 0.0),
-        extra=d.get("extra", {}),
-    )
+        request_id=d["request_id"], choices=[Choice(**c) for c in d["choices"]], prompt_tokens=d["prompt_tokens"],
+        cached_prompt_tokens=d.get("cached_prompt_tokens"), latency_s=d.get("latency_s", 0.0),
+        extra=d.get("extra", {}))
 
 
 # =====================================================================================================
@@ -386,17 +396,7 @@ class _Worker:
 
     def prompt_logprobs(self, ids: list[int], k: int) -> dict:
         """Top-k prompt log-probs of every position after the first, as two [len(ids)-1, k] lists."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k)
-        out = self.llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
-        rows_ids, rows_lp = [], []
-        for entry in list(out.prompt_logprobs)[1:]:
-            # Each entry holds the top-k plus the prompt's own token (which may rank below k): keep the k best.
-            best = sorted(entry.items(), key=lambda item: -float(item[1].logprob))[:k]
-            rows_ids.append([int(t) for t, _ in best])
-            rows_lp.append([float(lp.logprob) for _, lp in best])
+        (rows_ids, rows_lp), = prompt_ops.prompt_logprobs(self.llm, [ids], k)
         return {"op": "prompt_logprobs", "ids": rows_ids, "logprobs": rows_lp}
 
     def run(self, queue: list[dict]) -> None:
@@ -432,9 +432,7 @@ class _Worker:
 
 
 def _finish_reason(reason) -> str:
-    if reason in ("stop", "length"):
-        return reason
-    return "error" if reason in ("abort", "error") else str(reason or "stop")
+    return reason if reason in ("stop", "length") else "error" if reason in ("abort", "error") else str(reason or "stop")
 
 
 def _scales_source(cache_dtype: str, model_config) -> str:
@@ -461,6 +459,7 @@ def _worker_main() -> int:
     stdin = sys.stdin
     spec = json.loads(stdin.readline())
     try:
+        vchild.check_env_known(spec.get("env") or {})
         worker.start(spec["engine_args"])
         worker.send({"op": "ready", "preflight": worker.preflight(spec["engine_args"])})
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises EngineError
@@ -474,8 +473,12 @@ def _worker_main() -> int:
         try:
             if op == "count":
                 worker.send({"op": "count", "n": len(worker.prompt_ids(msg["request"]))})
+            elif op == "prompt_logprobs" and "batch" in msg:  # several prompts in one vLLM call
+                worker.send({"op": "batch", "rows": prompt_ops.prompt_logprobs(worker.llm, msg["batch"], int(msg["k"]))})
             elif op == "prompt_logprobs":
                 worker.send(worker.prompt_logprobs(msg["ids"], int(msg["k"])))
+            elif op == "teacher_force":
+                worker.send({"op": "forced", "answer": prompt_ops.teacher_force(worker, msg["request"], msg["forced"], msg["other"])})
             elif op == "add":
                 queue.append(msg["request"])
             elif op == "run":

@@ -11,6 +11,7 @@ import pandas as pd
 import fp8eval.report.analysis as analysis
 import fp8eval.report.backends as backends
 import fp8eval.report.figures as figures
+import fp8eval.report.noise as noise
 import fp8eval.report.render as render
 import fp8eval.report.verdicts as verdicts
 import fp8eval.report.worth as worth
@@ -48,7 +49,10 @@ def build_report(paths: list[Path], out: Path, *, n_boot: int, level: float, see
              if any(len(f) for f in flip_frames) else pd.DataFrame(columns=verdicts.FLIP_COLUMNS))
     flips = flips.sort_values(["model", "task", "variant", "direction", "sample_id", "repeat"],
                               kind="stable").reset_index(drop=True)
-    decisions = verdicts.decisions(headline, sign_tests)
+    flips = noise.attach_anatomy(flips, pairs)  # where each flip's completions part (fp8eval.anatomy)
+    noise_floor = noise.noise_table(runs, th.right_at, level)
+    controls = noise.control_labels(runs)  # a control arm is a noise floor, not a variant to decide on
+    decisions = verdicts.decisions(headline[~headline["variant"].isin(controls)], sign_tests)
     arm_stats = analysis.arm_table(arms)
 
     out = out.resolve()
@@ -56,12 +60,14 @@ def build_report(paths: list[Path], out: Path, *, n_boot: int, level: float, see
     figs = figures.all_figures(arm_stats, pairs, headline, th.gate, out / "figures")
     table.drop(columns=["why"]).round(6).to_csv(out / "recovery.csv", index=False)
     flips.round(6).to_csv(out / "flips.csv", index=False)
+    if len(noise_floor):
+        noise_floor.round(6).to_csv(out / "noise_floor.csv", index=False)
     arm_stats.round(6).to_csv(out / "arms.csv", index=False)
     by_backend = backends.backend_table(runs)
     if len(by_backend):
         by_backend.round(6).to_csv(out / "backends.csv", index=False)
     data = render.ReportData(table, headline, arm_stats, sign_tests, flips, decisions, figs, th, level,
-                             n_boot, [r.run_dir for r in runs], notes, refused, by_backend)
+                             n_boot, [r.run_dir for r in runs], notes, refused, by_backend, noise_floor)
     worth_entries = worth.write(paths, table, th.gate, out)  # perf.json beside recovery, when present
     (out / "report.md").write_text(render.render_markdown(data, out) + worth.markdown(worth_entries),
                                    encoding="utf-8")

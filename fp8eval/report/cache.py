@@ -22,14 +22,15 @@ from importlib import metadata
 from pathlib import Path
 
 from fp8eval.core.paths import cache_root
+from fp8eval.records.anatomy import store_path
 from fp8eval.records.reader import arm_files
 from fp8eval.report.load import ReportInputError, _resolve_records_path
 
 OUTPUTS = ("recovery.csv", "flips.csv", "arms.csv", "report.md", "index.html", "verdicts.json", "worth.json",
-           "figures")
+           "noise_floor.csv", "figures")
 TEXT_SUFFIXES = (".md", ".html", ".json", ".csv")
 KEEP = 32
-_VOLATILE_RUN = ("wall_s",)
+_VOLATILE_RUN = ("wall_s", "anatomy")  # anatomy: this invocation's counts; its rows are keyed below
 _VOLATILE_ARM = ("requests_sent", "engine_prefill", "records_io")
 _SOURCES = ("report/*.py", "metrics/*.py")
 
@@ -81,6 +82,9 @@ def report_key(run_dirs: list[Path], settings: dict) -> str | None:
                 for i, part in enumerate(arm_files(path)):  # the primary file, then concurrent writers' segments
                     files.append([str(arm["records"]) if i == 0 else part.name,
                                   _file_sha256(part)])
+                dissected = store_path(path.parents[1], str(summary.get("task")), str(arm.get("fingerprint", "")))
+                if dissected.is_file():  # the anatomy of the arm's flips (fp8eval.anatomy), joined to flips.csv
+                    files.append([dissected.name, _file_sha256(dissected)])
             runs.append({"config": config, "summary": summary, "records": files})
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ReportInputError):
         return None

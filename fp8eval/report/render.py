@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 import fp8eval.report.backends as backends
+import fp8eval.report.noise as noise
 from fp8eval.report.figures import Figure
 from fp8eval.report.verdicts import SignTest, Thresholds
 
@@ -37,6 +38,7 @@ class ReportData:
     notes: list[str] = field(default_factory=list)
     refused: list[str] = field(default_factory=list)
     backends: pd.DataFrame | None = None  # fp8eval.report.backends.backend_table
+    noise: pd.DataFrame | None = None  # fp8eval.report.noise.noise_table (runs with a control arm)
 
 
 def _f(x, digits: int = 1, pct: bool = False) -> str:
@@ -117,7 +119,9 @@ def render_markdown(d: ReportData, out: Path) -> str:
         for (model, task, var), g in d.flips[d.flips["direction"] == "lost"].groupby(["model", "task", "variant"]):
             for r in g.head(5).itertuples():
                 lines.append(f"- {model} · {task} · {var}: `{r.sample_id}` repeat {r.repeat}"
-                             f" ({_f(r.baseline_score, 2)} → {_f(r.variant_score, 2)}): `{r.variant_record}`")
+                             f" ({_f(r.baseline_score, 2)} → {_f(r.variant_score, 2)}): `{r.variant_record}`"
+                             + noise.anatomy_text(r._asdict()))
+    lines += noise.markdown(d.noise, d.level)
     lines += ["", "## Figures", ""]
     for fig in d.figures:
         lines += [f"### {fig.title}", "", f"![{fig.title}]({_rel(fig.png, out)})", "",
@@ -269,10 +273,17 @@ def render_html(d: ReportData) -> str:
                   f" variant; gained: the reverse. {len(d.flips)} flips in all"
                   + (f"; the first {FLIPS_SHOWN} are shown, all are in flips.csv." if len(d.flips) > FLIPS_SHOWN
                      else ".") + "</p>")
+    if d.noise is not None and not d.noise.empty:
+        parts.append("<section><h2>Noise floor (control arms)</h2><p class=\"note\">Excess = the variant's flip rate"
+                     " minus the control's on the same pairs, with a paired interval (Newcombe; clustered by sample).</p>"
+                     + _table(d.noise, {c: "num" if c not in ("model", "task", "baseline", "variant", "control",
+                                                               "setting", "inert") else "text"
+                                         for c in noise.NOISE_COLUMNS}, "noise", scroll=False) + "</section>")
     parts.append("<section><h2>Flips</h2>" + flips_note + _table(d.flips.head(FLIPS_SHOWN), {
         "model": "text", "task": "text", "variant": "text", "direction": "text", "sample_id": "text",
         "repeat": "num", "groups": "text", "baseline_score": "num", "variant_score": "num",
-        "variant_extracted": "text", "baseline_record": "text", "variant_record": "text"}, "flips")
+        "variant_extracted": "text", **{c: "text" for c in noise.ANATOMY_COLUMNS.values()},
+        "baseline_record": "text", "variant_record": "text"}, "flips")
         + "</section>")
     notes = [html.escape(n) for n in d.notes] + [f"<code>{html.escape(str(p))}</code>" for p in d.run_dirs]
     parts.append("<section><h2>Notes and inputs</h2>" + "".join(f"<p class=\"note\">{n}</p>" for n in notes)

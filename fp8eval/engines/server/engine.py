@@ -106,6 +106,8 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
             out["extra_flags"] = [str(f) for f in self.cfg.engine.extra_flags]
         if self.trust_declared_kv:
             out["trust_declared_kv"] = True
+        if self.managed and vchild.arm_env(self.kv):  # only when set: existing fingerprints are unchanged
+            out["env"] = vchild.arm_env(self.kv)
         return out
 
     def startup_warnings(self) -> dict[str, list[str]]:
@@ -183,6 +185,12 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
     def loglikelihood(self, requests: Iterable[Request]) -> Iterator[Completion]:
         """Scoring requests (lm-eval's loglikelihood): /tokenize + echo logprobs (fp8eval.engines.vllm_scoring)."""
         return server_loglikelihood(self, requests)
+
+    def teacher_force(self, request: Request, forced_text: str, other_text: str) -> dict:
+        """The anatomy of one flip (fp8eval.engines.server.forcing: /tokenize, echo logprobs)."""
+        from fp8eval.engines.server.forcing import teacher_force
+
+        return teacher_force(self, request, forced_text, other_text)
 
     def generate(self, requests: Iterable[Request]) -> Iterator[Completion]:
         before = self._counters() if self._prefill is not None else None

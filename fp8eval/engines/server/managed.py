@@ -38,6 +38,10 @@ class ManagedServerMixin:
         # engine.attention_backend: a flag for a vLLM that has it, else VLLM_ATTENTION_BACKEND.
         launch_args, env = attention.for_launch(self.args, vchild.child_env(vchild.cpu_threads(e.threads, self.args)),
                                                 python)
+        arm_env = vchild.arm_env(self.kv)  # a control arm's VLLM_BATCH_INVARIANT=1, this server only
+        if arm_env:
+            vchild.check_env_known_in(python, arm_env)
+            env.update(arm_env)
         flags = vargs.engine_args_to_flags(launch_args)
         if e.served_model_name:
             flags += ["--served-model-name", str(e.served_model_name)]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import functools
+import json
 import os
 import signal
 import subprocess
@@ -130,6 +131,39 @@ def cpu_threads(configured: int | None, args: dict[str, Any]) -> int | None:
     if configured:
         return int(configured)
     return len(os.sched_getaffinity(0)) if runs_on_cpu(args) else None
+
+
+def arm_env(arm) -> dict[str, str]:
+    """The environment variables an arm sets in its own vLLM process (a control arm's), as strings."""
+    return {str(k): str(v) for k, v in (getattr(arm, "env", None) or {}).items()}
+
+
+def check_env_known(env: dict) -> None:
+    """In the vLLM process: refuse VLLM_* variables this vLLM does not read (a control arm would otherwise
+    run as the baseline while claiming, e.g., batch-invariant kernels)."""
+    keys = [k for k in env if k.startswith("VLLM_")]
+    if not keys:
+        return
+    import vllm
+    import vllm.envs as envs
+
+    unknown = [k for k in keys if k not in getattr(envs, "environment_variables", {})]
+    if unknown:
+        raise ValueError(f"vLLM {getattr(vllm, '__version__', '?')} does not read {', '.join(unknown)}: this arm's "
+                         "setting would change nothing (no such mode in this vLLM)")
+
+
+def check_env_known_in(python: str, env: dict) -> None:
+    """check_env_known run by `python` (a managed server's vLLM): EngineError with its message."""
+    from fp8eval.engines.base import EngineError
+
+    code = ("import json, sys; from fp8eval.engines.vllm.child import check_env_known; "
+            "check_env_known(json.loads(sys.argv[1]))")
+    proc = subprocess.run([python, "-c", code, json.dumps(env)], capture_output=True, text=True, timeout=300,
+                          env=child_env())
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["?"])[-1]
+        raise EngineError(f"this arm's environment cannot be honoured by {python}: {last}")
 
 
 def child_env(threads: int | None = None) -> dict[str, str]:
