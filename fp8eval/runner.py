@@ -15,7 +15,7 @@ from tqdm import tqdm
 
 import fp8eval.shard as shards
 from fp8eval.arms import ArmSpec, resolve_arms
-from fp8eval.config import RunConfig, SamplingConfig, kv_fingerprint_view
+from fp8eval.config import RunConfig, SamplingConfig, bf16_cache_spelling, kv_fingerprint_view
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.reasoning import split_reasoning
 from fp8eval.core.seeds import derive_seed
@@ -199,6 +199,8 @@ class Runner:
         model = _as_dict(self.cfg.model)
         for k in ("name", "notes", "sampling"):
             model.pop(k, None)
+        if not model.get("dummy"):
+            model.pop("dummy", None)  # only dummy-weight runs carry it: every other fingerprint is unchanged
         task_cfg = _as_dict(self.cfg.task)
         for k in ("repeats", "limit", "sampling", *task.selection_keys):
             task_cfg.pop(k, None)
@@ -206,7 +208,7 @@ class Runner:
         for k in ("name", "description"):
             kv_d.pop(k, None)
         kv_d = kv_fingerprint_view(kv_d)  # emulation knobs only where they change a number
-        return {
+        return bf16_cache_spelling({  # an explicit "bfloat16" fingerprints as the "auto" it replaced
             "record_schema": RECORD_SCHEMA,
             "model": model,
             "engine": fingerprint_view(engine.describe()),  # data parallelism left out
@@ -214,7 +216,7 @@ class Runner:
             "sampling": self.sampling,
             "task": {"name": task.name, "version": task.version, "config": task_cfg, **task.fingerprint()},
             "seed": self.cfg.seed,
-        }
+        }, arm.engine_args.get("dtype"))
 
     # --- one arm ---------------------------------------------------------------------------------------
     def run_arm(self, task: Task, engine, arm: ArmSpec, items: list[PlannedItem]) -> dict:
@@ -239,6 +241,8 @@ class Runner:
         summary.update({"records": str(store.path), "fingerprint": fp, "requests_sent": sent,
                         "n_ignored": view.ignored, "kv_name": kv.name,
                         "engine": material["engine"].get("kind")})
+        if getattr(engine, "knob_audit", None) is not None:  # fp8eval.knobaudit: what the engine really ran
+            summary["knob_audit"] = engine.knob_audit
         stats = engine.prefill_stats() if sent and hasattr(engine, "prefill_stats") else None
         if stats:  # this invocation's prefill work, from the engine's own counters
             summary["engine_prefill"] = stats
@@ -422,6 +426,10 @@ class Runner:
             "seed": cfg.seed,
             "wall_s": None,
         }
+        if getattr(cfg.model, "dummy", False):  # random weights: the scores only prove the path
+            from fp8eval.models import DUMMY_NOTE
+
+            summary.update({"dummy_weights": True, "accuracy_meaningful": False, "accuracy_note": DUMMY_NOTE})
         if cfg.shard is not None:
             summary["shard"] = cfg.shard  # this summary covers only the shard's samples
         if len(arms) == 2:
@@ -462,6 +470,8 @@ def format_table(summary: dict) -> str:
     widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
     line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths))  # noqa: E731
     out = [f"{summary['task']} on {summary['model']}", line(header), line(["-" * w for w in widths])]
+    if summary.get("dummy_weights"):
+        out.insert(0, f"*** {summary.get('accuracy_note')} ***")
     out += [line(r) for r in rows]
     extra = []
     for n in names:

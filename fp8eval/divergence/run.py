@@ -18,7 +18,7 @@ import numpy as np
 from omegaconf import OmegaConf
 
 from fp8eval.arms import compose_kv
-from fp8eval.config import KVConfig, kv_fingerprint_view
+from fp8eval.config import KVConfig, bf16_cache_spelling, kv_fingerprint_view
 from fp8eval.core.hashing import canonical_json, fingerprint_hash
 from fp8eval.divergence import measures as M
 from fp8eval.divergence import sources
@@ -44,12 +44,15 @@ def arm_fingerprint(cfg, engine, kv: KVConfig, kind: str) -> tuple[str, dict]:
     model = _plain(cfg.model)
     for k in ("name", "notes", "sampling"):
         model.pop(k, None)
+    if not model.get("dummy"):
+        model.pop("dummy", None)  # only dummy-weight runs carry it
     kv_d = _plain(kv)
     for k in ("name", "description"):
         kv_d.pop(k, None)
     kv_d = kv_fingerprint_view(kv_d)
     material = {"divergence_schema": SCHEMA, "model": model, "engine": engine.describe(), "kv": kv_d,
                 "kept": kind if kind == "hidden" else {"topk": int(cfg.divergence.topk)}}
+    material = bf16_cache_spelling(material, (kv_d.get("engine_args") or {}).get("dtype"))
     return fingerprint_hash(material), material
 
 

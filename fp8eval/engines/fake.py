@@ -62,7 +62,7 @@ class FakeEngine:
         self.kv = kv
         self.script = cfg.engine.script
         self.cache_dtype = str(kv.engine_args.get("kv_cache_dtype", "auto"))
-        self.error_rate = float(cfg.engine.engine_args.get("fake_fp8_error", 0.0)) if self.cache_dtype != "auto" else 0.0
+        self.error_rate = float(cfg.engine.engine_args.get("fake_fp8_error", 0.0)) if self.cache_dtype.startswith("fp8") else 0.0
         self.delay_s = float(cfg.engine.engine_args.get("fake_delay_s", 0.0))
         self.sent = 0
         self._fn = self._resolve(self.script)

