@@ -22,7 +22,7 @@ from typing import Any, Iterable, Iterator
 
 from fp8eval.engines import attention, vllm_scoring
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
-from fp8eval.engines.prompting import plain_prompt_text
+from fp8eval.engines.prompting import check_template_kwargs, plain_prompt_text
 from fp8eval.engines.vllm import args as vargs
 from fp8eval.engines.vllm import child as vchild
 from fp8eval.engines.vllm import kvcheck, logscan
@@ -298,6 +298,7 @@ class _Worker:
         # and the merged output keeps one child's). Not an engine arg of the arm: it changes no number.
         self.llm = LLM(**{"disable_log_stats": False, **engine_args})
         self.tokenizer = None if engine_args.get("skip_tokenizer_init") else self.llm.get_tokenizer()
+        self.dummy = engine_args.get("load_format") == "dummy"
         # The model's generation_config values (what `vllm serve` applies to fields a request leaves
         # unset); vLLM's neutral defaults apply to the rest.
         self.defaults = dict(self.llm.llm_engine.model_config.get_diff_sampling_param() or {})
@@ -309,9 +310,15 @@ class _Worker:
             return list(tok.encode(req["prompt_text"]))
         # Render the template to text, then tokenize without adding special tokens again: what vLLM's
         # own chat entry points do, so a BOS in the template is not doubled.
+        kwargs = req.get("chat_template_kwargs") or {}
+        self.checked = getattr(self, "checked", set())
+        key = json.dumps(kwargs, sort_keys=True)
+        if kwargs and key not in self.checked and not self.dummy:  # a dummy run's stand-in tokenizer: not the model's
+            check_template_kwargs(tok, kwargs, render=lambda kw: tok.apply_chat_template(
+                [{"role": "user", "content": "2+2?"}], tokenize=False, add_generation_prompt=True, **kw))
+            self.checked.add(key)
         try:
-            text = tok.apply_chat_template(req["messages"], tokenize=False, add_generation_prompt=True,
-                                           **(req.get("chat_template_kwargs") or {}))
+            text = tok.apply_chat_template(req["messages"], tokenize=False, add_generation_prompt=True, **kwargs)
         except ValueError as e:
             if "chat_template" not in str(e) and "chat template" not in str(e):
                 raise

@@ -3,7 +3,7 @@
     python -m fp8eval.knobaudit start --out R.json model=qwen3-30b kv=fp8 engine=vllm model.dummy=true
         start the arm's engine, audit it (problems are recorded, not fatal, unless --strict), print its KV
         capacity (vLLM's "KV cache size: N tokens"), serve one request, write one JSON object
-    python -m fp8eval.knobaudit corpus DIR --out R.json [--engine vllm|reference] [engine overrides]
+    python -m fp8eval.knobaudit corpus DIR --out R.json [--engine vllm|vllm_cpu|reference] [engine overrides]
         build the regression corpus (fp8eval.knobaudit.corpus) under DIR and check each case is caught
 """
 
@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("corpus", help="build and check the regression corpus")
     c.add_argument("dir", type=Path)
     c.add_argument("--out", type=Path)
-    c.add_argument("--engine", default="vllm", choices=["vllm", "reference"])
+    c.add_argument("--engine", default="vllm", choices=["vllm", "vllm_cpu", "reference"])
     c.add_argument("overrides", nargs="*", help="engine.engine_args.* overrides (vllm)")
     a = p.parse_args(argv)
     if a.cmd == "start":

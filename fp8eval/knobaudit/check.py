@@ -6,13 +6,19 @@ import time
 from pathlib import Path
 
 
-def case_overrides(case, d: Path, engine: str) -> list[str]:
-    """Hydra overrides that run `case`'s checkpoint `d` as one arm on `engine` (vllm | reference)."""
+def case_overrides(case, d: Path, engine: str, on_cpu: bool = False) -> list[str]:
+    """Hydra overrides that run `case`'s checkpoint `d` as one arm on `engine` (an engine option: vllm, vllm_cpu,
+    reference): a case with
+    scales runs as a calibrated arm (kv.scales = the checkpoint, as fp8_calibrated does)."""
     ov = ["model=smollm2-135m", f"model.hf_id={d}", "model.embedded_package=null", "model.gguf_file=null",
           "model.max_model_len=512", "model.chat_template=false", f"engine={engine}", "kv=fp8", "baseline=none"]
-    if engine == "vllm":
-        ov.append("+engine.engine_args.skip_tokenizer_init=true")
+    if engine.startswith("vllm"):
+        ov.append("++engine.engine_args.skip_tokenizer_init=true")
     ov.append(f"kv.engine_args.kv_cache_dtype={case.engine_args['kv_cache_dtype']}")
+    if case.scales and case.engine_args["kv_cache_dtype"] != "auto":
+        ov += [f"kv.scales={d}", f"kv.scale_strategy={case.scales}"]
+    if case.backend and not (engine.startswith("vllm") and on_cpu):
+        ov.append(f"engine.attention_backend={case.backend}")
     skip = case.engine_args.get("kv_cache_dtype_skip_layers")
     if skip:
         ov.append("+kv.engine_args.kv_cache_dtype_skip_layers=[" + ",".join(f"'{s}'" for s in skip) + "]")
@@ -23,10 +29,12 @@ def check_case(case, d: Path, engine: str, extra: list[str] | None = None) -> di
     """{"case", "expected", "caught", "how", "problems"|"error"}: caught = the arm was refused with one of the
     expected categories (or, on vLLM, refused at start-up: loud, not silent, recorded as such)."""
     from fp8eval.engines import as_arm, build_engine
+    from fp8eval.engines.vllm.kvcheck import runs_on_cpu
     from fp8eval.knobaudit.__main__ import compose
     from fp8eval.knobaudit.compare import AuditError
 
-    cfg = compose(case_overrides(case, d, engine) + list(extra or []))
+    on_cpu = engine.startswith("vllm") and (engine == "vllm_cpu" or runs_on_cpu({}))
+    cfg = compose(case_overrides(case, d, engine, on_cpu) + list(extra or []))
     out = {"case": case.name, "engine": engine, "expected": list(case.expected), "caught": False}
     t0 = time.monotonic()
     eng = None

@@ -210,13 +210,14 @@ def summarize(readback: dict) -> dict:
     return {"layers": len(readback.get("layers") or []), "dtypes": dtypes, "backends": backends}
 
 
-def run_audit(request: Request, readback: dict, allow: list[str] | tuple[str, ...] = (), arm: str = "arm") -> dict:
+def run_audit(request: Request, readback: dict, allow: list[str] | tuple[str, ...] = (), arm: str = "arm",
+              extra: list[dict] | tuple = ()) -> dict:
     """The audit of one arm: the problems found, the allowed ones, counts; AuditError when a problem of a category
     not in `allow` remains (the message names the first layers and both values)."""
     bad = [a for a in allow if a not in CATEGORIES]
     if bad:
         raise AuditError(f"audit.allow has unknown categories {bad}; valid: {', '.join(CATEGORIES)}")
-    found = problems(request, readback)
+    found = problems(request, readback) + list(extra)
     blocking = [p for p in found if p["category"] not in allow]
     result = {"ok": not blocking, "source": readback.get("source"), "problems": found,
               "allowed": sorted({p["category"] for p in found if p["category"] in allow}),

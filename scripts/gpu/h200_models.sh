@@ -56,10 +56,12 @@ echo "== models: rc $? at $(( $(date +%s) - START )) s" | tee -a "$LOG"
 
 # 2. the regression corpus on vLLM (tiny checkpoints, strict audit), and 3. the headline command, in parallel
 T=$(( $(left) - 10 )); (( T > 140 )) && T=140
-CORPUS_ENG=""
-[[ -z "${DRY:-}" ]] && CORPUS_ENG="++engine.engine_args.gpu_memory_utilization=0.05 ++engine.engine_args.enforce_eager=true"
+CORPUS_ENG=""; CORPUS_KIND=vllm_cpu
+if [[ -z "${DRY:-}" ]]; then
+  CORPUS_KIND=vllm; CORPUS_ENG="++engine.engine_args.gpu_memory_utilization=0.05 ++engine.engine_args.enforce_eager=true"
+fi
 echo "== corpus + headline (timeout ${T} s)" | tee -a "$LOG"
-timeout -k 10 "$T" $PY -m fp8eval.knobaudit corpus "$WORK/corpus" --engine vllm --out "$WORK/corpus.json" \
+timeout -k 10 "$T" $PY -m fp8eval.knobaudit corpus "$WORK/corpus" --engine $CORPUS_KIND --out "$WORK/corpus.json" \
   $CORPUS_ENG > "$WORK/corpus.log" 2>&1 &
 CPID=$!
 HEAD_MODEL=qwen3-30b; [[ -n "${DRY:-}" ]] && HEAD_MODEL=smollm2-135m
