@@ -49,6 +49,9 @@ class ModelConfig:
     # stand-in tokenizer): proves the path on a GPU; every score is meaningless and labelled so. Left out of
     # fingerprints while false (fp8eval.models.dummy).
     dummy: bool = False
+    # Environment of the vLLM process (e.g. VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, which a model card asks for to serve
+    # past the config's context): lets vLLM start, changes no number, so it is left out of fingerprints.
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass

@@ -197,7 +197,7 @@ class Runner:
     # --- fingerprint ---------------------------------------------------------------------------------------
     def fingerprint_material(self, task: Task, engine, arm: ArmSpec) -> dict:
         model = _as_dict(self.cfg.model)
-        for k in ("name", "notes", "sampling"):
+        for k in ("name", "notes", "sampling", "env"):
             model.pop(k, None)
         if not model.get("dummy"):
             model.pop("dummy", None)  # only dummy-weight runs carry it: every other fingerprint is unchanged

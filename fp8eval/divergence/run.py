@@ -42,7 +42,7 @@ def _plain(obj) -> dict:
 def arm_fingerprint(cfg, engine, kv: KVConfig, kind: str) -> tuple[str, dict]:
     """sha256 over everything that can change an arm's per-passage result."""
     model = _plain(cfg.model)
-    for k in ("name", "notes", "sampling"):
+    for k in ("name", "notes", "sampling", "env"):
         model.pop(k, None)
     if not model.get("dummy"):
         model.pop("dummy", None)  # only dummy-weight runs carry it

@@ -65,6 +65,7 @@ class VLLMOfflineEngine:
         # engine.attention_backend: an engine arg for a vLLM that has it, else VLLM_ATTENTION_BACKEND.
         launch_args, env = attention.for_launch(self.args, vchild.child_env(vchild.cpu_threads(self.threads, self.args)),
                                                 self.python)
+        env.update({str(k): str(v) for k, v in (getattr(self.cfg.model, "env", None) or {}).items()})
         import subprocess
 
         self._child = vchild.ChildProcess(

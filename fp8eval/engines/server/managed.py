@@ -36,6 +36,7 @@ class ManagedServerMixin:
         # engine.attention_backend: a flag for a vLLM that has it, else VLLM_ATTENTION_BACKEND.
         launch_args, env = attention.for_launch(self.args, vc.child_env(vc.cpu_threads(e.threads, self.args)),
                                                 python)
+        env.update({str(k): str(v) for k, v in (getattr(self.cfg.model, "env", None) or {}).items()})
         flags = vc.engine_args_to_flags(launch_args)
         if e.served_model_name:
             flags += ["--served-model-name", str(e.served_model_name)]
