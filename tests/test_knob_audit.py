@@ -306,3 +306,34 @@ def test_dummy_run_is_labelled_meaningless_everywhere(tmp_path, monkeypatch):
     real = run_inprocess(tmp_path, ["engine=fake", "task.lengths=[1024]", "task.depths=[0]", "report=false"], name="r2")
     assert "dummy_weights" not in real
     assert real["arms"]["fp8"]["fingerprint"] != summary["arms"]["fp8"]["fingerprint"]
+
+
+def test_summarize_models_table(tmp_path):
+    import subprocess
+    import sys
+
+    data = {"starts": [
+        {"model": "qwen3-30b", "kv": "bf16", "started": True, "capacity_tokens": 100000,
+         "overrides": ["model=qwen3-30b", "++engine.engine_args.hf_overrides={num_hidden_layers:4}"],
+         "audit": {"ok": True, "problems": [], "backends": {"FLASH_ATTN": 4}}},
+        {"model": "qwen3-30b", "kv": "fp8", "started": True, "capacity_tokens": 200000, "overrides": [],
+         "audit": {"ok": True, "problems": [{"category": "scales", "layer": "model.layers.0.self_attn.attn",
+                                             "asked": "k_scale [1]", "got": "k_scale [0.5]"}],
+                   "backends": {"FLASH_ATTN": 4}}},
+        {"model": "kimi-k2.5", "kv": "bf16", "started": False, "error": "EngineError: out of memory"}],
+        "corpus": {"cases": [{"case": "skip_list_ignored", "engine": "vllm", "caught": True, "how": "audit refused it"}]},
+        "headline": {"error": "no summary.json"}}
+    path = tmp_path / "models.json"
+    path.write_text(json.dumps(data))
+    out = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu" / "summarize_models.py"), str(path)],
+                         capture_output=True, text=True, check=True).stdout
+    assert "| qwen3-30b | Qwen3MoeForCausalLM (48 layers; started with {num_hidden_layers:4}) | yes/yes/- | ok |" in out
+    assert "scales: model.layers.0.self_attn.attn asked k_scale [1] got k_scale [0.5]" in out
+    assert "| 100,000 | 200,000 | FLASH_ATTN |" in out and "not started: EngineError: out of memory" in out
+    assert "corpus `skip_list_ignored` on vllm: caught" in out and "headline: no summary.json" in out
+
+
+def test_h200_models_script_is_valid_bash():
+    import subprocess
+
+    subprocess.run(["bash", "-n", str(REPO / "scripts" / "gpu" / "h200_models.sh")], check=True)

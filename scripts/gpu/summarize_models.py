@@ -10,14 +10,18 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def architecture(model: str) -> str:
-    """The architecture of conf/perf_models/<model>/config.json (and its layer count)."""
+def architecture(model: str, starts: list[dict]) -> str:
+    """The architecture of conf/perf_models/<model>/config.json, its layer count, and the hf_overrides it was
+    started with (layer-reduced starts say so)."""
     try:
         cfg = json.loads((ROOT / "conf" / "perf_models" / model / "config.json").read_text())
     except (OSError, ValueError):
         return "?"
     text = cfg.get("text_config") or cfg
-    return f"{(cfg.get('architectures') or ['?'])[0]} ({text.get('num_hidden_layers', '?')} layers)"
+    out = f"{(cfg.get('architectures') or ['?'])[0]} ({text.get('num_hidden_layers', '?')} layers"
+    reduced = sorted({o.split("=", 1)[1] for s in starts for o in s.get("overrides", [])
+                      if o.startswith("++engine.engine_args.hf_overrides=")})
+    return out + (f"; started with {', '.join(reduced)})" if reduced else ")")
 
 
 def audit_cell(start: dict) -> str:
@@ -46,7 +50,7 @@ def table(data: dict) -> str:
                            for k in ("bf16", "fp8", "fp8_skip_sw"))
         backends = sorted({b for a in arms.values() for b in ((a.get("audit") or {}).get("backends") or {})})
         cap = lambda k: f"{arms[k]['capacity_tokens']:,}" if arms.get(k, {}).get("capacity_tokens") else "-"  # noqa: E731
-        lines.append(f"| {model} | {architecture(model)} | {started} | "
+        lines.append(f"| {model} | {architecture(model, list(arms.values()))} | {started} | "
                      + " | ".join(audit_cell(arms[k]) if k in arms else "-" for k in ("bf16", "fp8", "fp8_skip_sw"))
                      + f" | {cap('bf16')} | {cap('fp8')} | {', '.join(backends) or '-'} |")
     corpus = data.get("corpus") or {}
