@@ -9,7 +9,8 @@
 #   python scripts/gpu/summarize_models.py RESULTS_DIR/models.json     # the docs/gpu-validation.md table again
 #
 # The model starts run PAR at a time (default 7) on the one GPU, each with gpu_memory_utilization UTIL (default
-# 0.12, ~17 GB): models whose BF16 weights do not fit that are started layer-reduced through
+# 0.12, ~17 GB) and a fixed 4 GiB KV cache (capacity = tokens in 4 GiB): models whose BF16 weights do not fit
+# that are started layer-reduced through
 # hf_overrides (LAYERS below; Kimi K2.5 also with 32 of its 384 experts), said so in models.json. Each model's
 # arms start one after the other inside its own time box; a failed or timed-out start never stops the next.
 # The audit records mismatches instead of refusing (audit.allow=all) so the table shows them; the corpus
@@ -45,7 +46,10 @@ if [[ -n "${DRY:-}" ]]; then
 else
   MODELS=${MODELS:-$(ls conf/model | sed 's/\.yaml$//' | tr '\n' ' ')}
   ENG="engine=vllm ++engine.engine_args.gpu_memory_utilization=$UTIL ++engine.engine_args.enforce_eager=true"
+  # A fixed 4 GiB KV budget per start: seven engines profiling at once would count each other's allocations
+  # as their own; capacity is then tokens per 4 GiB (bf16 vs fp8 within a row is what it shows).
   ENG="$ENG ++engine.engine_args.max_num_seqs=16 ++engine.engine_args.max_num_batched_tokens=4096"
+  ENG="$ENG ++engine.engine_args.kv_cache_memory_bytes=4294967296"
 fi
 COMMON="model.dummy=true ++engine.engine_args.max_model_len=4096 model.tensor_parallel_size=1 records_dir=$WORK/records"
 
@@ -79,10 +83,11 @@ echo "== models: rc $? at $(( $(date +%s) - START )) s" | tee -a "$LOG"
 sleep 3  # let killed engines release the GPU
 
 # 2. the regression corpus on vLLM (tiny checkpoints, strict audit) and 3. the headline command, in parallel
-T=$(( $(left) - 15 )); (( T > 170 )) && T=170; (( T < 30 )) && T=30
+T=$(( $(left) - 15 )); (( T > ${HEAD_S:-170} )) && T=${HEAD_S:-170}; (( T < 30 )) && T=30
 CORPUS_ENG=""; CORPUS_KIND=vllm_cpu; HEAD_ENG="$ENG"; HEAD_MODEL=smollm2-135m
 if [[ -z "${DRY:-}" ]]; then
   CORPUS_KIND=vllm; CORPUS_ENG="++engine.engine_args.gpu_memory_utilization=0.04 ++engine.engine_args.enforce_eager=true"
+  CORPUS_ENG="$CORPUS_ENG ++engine.engine_args.kv_cache_memory_bytes=268435456"
   HEAD_MODEL=qwen3-30b  # full size (61 GB of dummy BF16 weights), alone on the GPU
   HEAD_ENG="engine=vllm ++engine.engine_args.gpu_memory_utilization=0.75 ++engine.engine_args.enforce_eager=true"
 fi
