@@ -203,7 +203,7 @@ def summarize(readback: dict) -> dict:
     dtypes: dict[str, int] = {}
     backends: dict[str, int] = {}
     for row in readback.get("layers") or []:
-        d = str(row.get("torch_dtype") or row.get("kv_cache_dtype"))
+        d = _got_store(row, "auto (model dtype)")
         dtypes[d] = dtypes.get(d, 0) + 1
         b = str(row.get("backend"))
         backends[b] = backends.get(b, 0) + 1

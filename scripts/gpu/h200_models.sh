@@ -93,6 +93,7 @@ if [[ -z "${DRY:-}" ]]; then
 fi
 echo "== corpus + headline (timeout ${T} s)" | tee -a "$LOG"
 CPID=""
+[[ -n "${SKIP_CORPUS:-}" ]] && echo '{"skipped": "SKIP_CORPUS=1"}' > "$WORK/corpus.json"
 if [[ -z "${SKIP_CORPUS:-}" ]]; then
   timeout -k 10 "$T" $PY -m fp8eval.knobaudit corpus "$WORK/corpus" --engine $CORPUS_KIND --out "$WORK/corpus.json" \
     $CORPUS_ENG > "$WORK/corpus.log" 2>&1 &

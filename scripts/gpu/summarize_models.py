@@ -57,6 +57,8 @@ def table(data: dict) -> str:
     lines.append("")
     for c in corpus.get("cases", []):
         lines.append(f"- corpus `{c['case']}` on {c['engine']}: {'caught' if c['caught'] else 'NOT caught'} ({c.get('how')})")
+    if corpus.get("skipped"):
+        lines.append(f"- corpus: skipped ({corpus['skipped']})")
     if "error" in corpus:
         lines.append(f"- corpus: no result ({corpus['error']})")
     h = data.get("headline") or {}

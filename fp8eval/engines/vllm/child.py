@@ -115,7 +115,7 @@ class ChildProcess:
             try:
                 if stream:
                     stream.close()
-            except OSError:
+            except (OSError, RuntimeError):  # RuntimeError: a signal arrived while this stream was being read
                 pass
         try:
             self._log.close()
