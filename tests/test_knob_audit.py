@@ -337,3 +337,19 @@ def test_h200_models_script_is_valid_bash():
     import subprocess
 
     subprocess.run(["bash", "-n", str(REPO / "scripts" / "gpu" / "h200_models.sh")], check=True)
+
+
+def test_scales_hash_enters_the_fingerprinted_preflight_only_where_scales_exist():
+    from fp8eval.knobaudit.live import record
+
+    with_scales = run_audit(Request(kv_cache_dtype="fp8", scales={0: {"k_scale": [0.5], "v_scale": [0.25]}}),
+                            _rb(_row(0, k=0.5, v=0.25)))
+    pre: dict = {"cache_dtype": "fp8"}
+    record(pre, with_scales)
+    assert pre["loaded_scales_sha256"] == with_scales["loaded_scales_sha256"]
+    # a checkpoint's scales the arm did not name are scales too: hashed
+    assert "loaded_scales_sha256" in run_audit(Request(kv_cache_dtype="fp8"), _rb(_row(0, k=0.5)),
+                                               allow=["scales"])
+    plain: dict = {"cache_dtype": "fp8"}
+    record(plain, run_audit(Request(kv_cache_dtype="fp8"), _rb(_row(0))))
+    assert plain == {"cache_dtype": "fp8"}
