@@ -19,20 +19,6 @@ from pathlib import Path
 _CAPACITY = re.compile(r"KV cache size:\s*([\d,]+)\s*tokens")
 
 
-def compose(overrides: list[str]):
-    """The typed RunConfig of `python -m fp8eval` for these overrides."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from omegaconf import OmegaConf
-
-    from fp8eval.core.paths import CONF_DIR
-    from fp8eval.registry import register_configs
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        return OmegaConf.to_object(hydra_compose(config_name="config", overrides=overrides))
-
-
 def capacity_tokens(log_text: str) -> int | None:
     """vLLM's start-up KV capacity ("GPU KV cache size: N tokens"; the CPU build says "CPU KV cache size")."""
     found = _CAPACITY.findall(log_text or "")
@@ -44,6 +30,7 @@ def start(overrides: list[str], strict: bool) -> dict:
     from fp8eval.config import KVConfig
     from fp8eval.engines import as_arm, build_engine
     from fp8eval.engines.base import Request
+    from fp8eval.knobaudit.check import compose
 
     cfg = compose(overrides if strict else overrides + ["audit.allow=[dtype,scales,backend,skip]"])
     kv = cfg.kv if isinstance(cfg.kv, KVConfig) else cfg.kv

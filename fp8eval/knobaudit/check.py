@@ -6,6 +6,20 @@ import time
 from pathlib import Path
 
 
+def compose(overrides: list[str]):
+    """The typed RunConfig of `python -m fp8eval` for these overrides."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from fp8eval.core.paths import CONF_DIR
+    from fp8eval.registry import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        return OmegaConf.to_object(hydra_compose(config_name="config", overrides=overrides))
+
+
 def case_overrides(case, d: Path, engine: str, on_cpu: bool = False) -> list[str]:
     """Hydra overrides that run `case`'s checkpoint `d` as one arm on `engine` (an engine option: vllm, vllm_cpu,
     reference): a case with
@@ -30,7 +44,6 @@ def check_case(case, d: Path, engine: str, extra: list[str] | None = None) -> di
     expected categories (or, on vLLM, refused at start-up: loud, not silent, recorded as such)."""
     from fp8eval.engines import as_arm, build_engine
     from fp8eval.engines.vllm.kvcheck import runs_on_cpu
-    from fp8eval.knobaudit.__main__ import compose
     from fp8eval.knobaudit.compare import AuditError
 
     on_cpu = engine.startswith("vllm") and (engine == "vllm_cpu" or runs_on_cpu({}))
