@@ -43,6 +43,9 @@ class ReferenceEngine:
         self._shared = shared if shared is not None else {}
         from fp8eval.engines import engine_args
 
+        if getattr(cfg.model, "dummy", False):
+            raise EngineError("model.dummy=true (random weights) needs engine=vllm or engine=vllm_cpu: the reference "
+                              "engine only runs real weights.")
         args = engine_args(cfg, kv)
         self.cache_dtype = str(args.get("kv_cache_dtype", "auto"))
         if self.cache_dtype not in ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"):
