@@ -31,7 +31,7 @@ from fp8eval.scoring.pool import Scorer, auto_workers
 from fp8eval.tasks import task_class
 from fp8eval.tasks.base import Prompt, Sample, SkipSample, Task, TaskContext
 from fp8eval.token_counts import TokenCountCache
-from fp8eval.validate import check_samples, check_task_config
+from fp8eval.validate import check_audit_config, check_samples, check_task_config
 
 
 class RunError(Fp8evalError):
@@ -385,6 +385,7 @@ class Runner:
         check_greedy_repeats(cfg, self.sampling)
         t0 = time.perf_counter()
         check_task_config(cfg.task)
+        check_audit_config(cfg)
         arms = self.arms()
         tcls = task_class(cfg.task.name)
         task_cfg = cfg.task if isinstance(cfg.task, tcls.config_class) else OmegaConf.to_object(cfg.task)

@@ -353,3 +353,13 @@ def test_scales_hash_enters_the_fingerprinted_preflight_only_where_scales_exist(
     plain: dict = {"cache_dtype": "fp8"}
     record(plain, run_audit(Request(kv_cache_dtype="fp8"), _rb(_row(0))))
     assert plain == {"cache_dtype": "fp8"}
+
+
+def test_unknown_audit_category_fails_before_any_work(tmp_path):
+    from fp8eval.knobaudit.compare import CATEGORIES
+    from fp8eval.validate import AUDIT_CATEGORIES, InputError
+    from tests.conftest import run_inprocess
+
+    assert tuple(CATEGORIES) == AUDIT_CATEGORIES
+    with pytest.raises(InputError, match=r"unknown categories \['dtypes'\]; valid: dtype, scales, backend, skip"):
+        run_inprocess(tmp_path, ["engine=fake", "audit.allow=[dtypes]"])

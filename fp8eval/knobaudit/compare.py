@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from fp8eval.engines.base import EngineError
 
-CATEGORIES = ("dtype", "scales", "backend", "skip")
+CATEGORIES = ("dtype", "scales", "backend", "skip")  # also fp8eval.validate.AUDIT_CATEGORIES
 # cache dtype -> the torch dtype a layer stores (None: the model dtype)
 _STORES = {"auto": None, "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "half": "float16",
            "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
