@@ -78,7 +78,7 @@ def read_jsonl_rows(lines: Iterable[str], path: Path) -> list[dict]:
     return rows
 
 
-AUDIT_CATEGORIES = ("dtype", "scales", "backend", "skip")  # fp8eval.knobaudit.compare.CATEGORIES
+AUDIT_CATEGORIES = ("dtype", "scales", "backend", "skip")  # fp8eval.engines.audit.compare.CATEGORIES
 
 
 def check_audit_config(cfg: Any) -> None:

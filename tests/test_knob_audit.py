@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from fp8eval.knobaudit import compare
-from fp8eval.knobaudit.compare import AuditError, Request, run_audit
+from fp8eval.engines.audit import compare
+from fp8eval.engines.audit.compare import AuditError, Request, run_audit
 
 REPO = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = os.environ.get("FP8EVAL_VLLM_PYTHON")
@@ -132,7 +132,7 @@ def test_skip_entries_that_match_nothing_or_a_shared_layer():
 
 
 def test_allow_lets_an_expert_through_and_is_recorded():
-    from fp8eval.knobaudit.live import record
+    from fp8eval.engines.audit.live import record
 
     result = run_audit(Request(kv_cache_dtype="bfloat16"), _rb(_row(0)), allow=["dtype"])
     assert result["ok"] and result["allowed"] == ["dtype"] and result["problems"][0]["category"] == "dtype"
@@ -145,7 +145,7 @@ def test_allow_lets_an_expert_through_and_is_recorded():
 
 def test_vllm_worker_read_back_of_layer_objects():
     torch = pytest.importorskip("torch")
-    from fp8eval.knobaudit.vllm_ext import read_layers
+    from fp8eval.engines.audit.vllm_ext import read_layers
 
     backend = types.SimpleNamespace(get_name=lambda: "FLASH_ATTN")
     layer = types.SimpleNamespace(kv_cache_dtype="fp8", kv_cache_torch_dtype=torch.uint8, attn_backend=backend,
@@ -164,10 +164,10 @@ def test_vllm_worker_read_back_of_layer_objects():
 def _fingerprints() -> dict:
     from fp8eval.core.hashing import fingerprint_hash
     from fp8eval.engines import build_engine
+    from fp8eval.engines.audit.live import record
     from fp8eval.engines.reference import ReferenceEngine
     from fp8eval.engines.vllm import kvcheck
     from fp8eval.engines.vllm_offline import VLLMOfflineEngine
-    from fp8eval.knobaudit.live import record
     from fp8eval.runner import Runner
     from tests.conftest import compose
 
@@ -340,7 +340,7 @@ def test_h200_models_script_is_valid_bash():
 
 
 def test_scales_hash_enters_the_fingerprinted_preflight_only_where_scales_exist():
-    from fp8eval.knobaudit.live import record
+    from fp8eval.engines.audit.live import record
 
     with_scales = run_audit(Request(kv_cache_dtype="fp8", scales={0: {"k_scale": [0.5], "v_scale": [0.25]}}),
                             _rb(_row(0, k=0.5, v=0.25)))
@@ -356,7 +356,7 @@ def test_scales_hash_enters_the_fingerprinted_preflight_only_where_scales_exist(
 
 
 def test_unknown_audit_category_fails_before_any_work(tmp_path):
-    from fp8eval.knobaudit.compare import CATEGORIES
+    from fp8eval.engines.audit.compare import CATEGORIES
     from fp8eval.validate import AUDIT_CATEGORIES, InputError
     from tests.conftest import run_inprocess
 

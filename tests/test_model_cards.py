@@ -88,7 +88,7 @@ def test_qwen35_1m_is_the_cards_yarn_and_the_1m_preset_uses_it():
 def test_gemma4_architecture_head_dims_and_kv_sharing():
     arch = json.loads((REPO / "conf" / "perf_models" / "gemma-4-e2b" / "config.json").read_text())
     assert (arch["head_dim"], arch["global_head_dim"], arch["num_kv_shared_layers"]) == (256, 512, 20)
-    from fp8eval.knobaudit.reference import config_layers
+    from fp8eval.engines.audit.reference import config_layers
 
     rows = config_layers(REPO / "conf" / "perf_models" / "gemma-4-e2b")
     own = [r for r in rows if not r["kv_sharing_target"]]

@@ -27,8 +27,8 @@ def capacity_tokens(log_text: str) -> int | None:
 
 def start(overrides: list[str], strict: bool) -> dict:
     """Start one arm, audit it, read its capacity, serve one request."""
+    from fp8eval.arms import arm_spec, open_engines
     from fp8eval.config import KVConfig
-    from fp8eval.engines import as_arm, build_engine
     from fp8eval.engines.base import Request
     from fp8eval.knobaudit.check import compose
 
@@ -36,29 +36,26 @@ def start(overrides: list[str], strict: bool) -> dict:
     kv = cfg.kv if isinstance(cfg.kv, KVConfig) else cfg.kv
     out: dict = {"model": cfg.model.name, "kv": kv.name, "overrides": overrides, "started": False}
     t0 = time.monotonic()
-    engine = None
     try:
-        engine = build_engine(cfg, as_arm(cfg, kv))
-        out.update(started=True, start_s=round(time.monotonic() - t0, 1))
-        out["audit"] = getattr(engine, "knob_audit", None)
-        pre = getattr(engine, "preflight", {}) or {}
-        out["preflight"] = {k: pre.get(k) for k in ("vllm_version", "cache_dtype", "attention_backend", "max_model_len",
-                                                     "model", "device_name", "loaded_scales_sha256", "audit_allowed")}
-        child = getattr(engine, "_child", None)
-        out["capacity_tokens"] = capacity_tokens(child.log_text() if child else "")
-        req = Request(id="knobaudit-0", messages=({"role": "user", "content": "Say hello."},), n=1, seeds=(0,),
-                      sampling={"max_tokens": 8, "temperature": 0.0}, chat_template_kwargs={})
-        t1 = time.monotonic()
-        completion = next(iter(engine.generate([req])))
-        out["request"] = {"ok": True, "latency_s": round(time.monotonic() - t1, 3),
-                          "prompt_tokens": completion.prompt_tokens,
-                          "output_tokens": completion.choices[0].output_tokens,
-                          "finish_reason": completion.choices[0].finish_reason}
+        with open_engines(cfg) as door, door.engine(arm_spec(cfg, kv)) as engine:
+            out.update(started=True, start_s=round(time.monotonic() - t0, 1))
+            out["audit"] = getattr(engine, "knob_audit", None)
+            pre = getattr(engine, "preflight", {}) or {}
+            out["preflight"] = {k: pre.get(k) for k in ("vllm_version", "cache_dtype", "attention_backend",
+                                                         "max_model_len", "model", "device_name",
+                                                         "loaded_scales_sha256", "audit_allowed")}
+            child = getattr(engine, "_child", None)
+            out["capacity_tokens"] = capacity_tokens(child.log_text() if child else "")
+            req = Request(id="knobaudit-0", messages=({"role": "user", "content": "Say hello."},), n=1, seeds=(0,),
+                          sampling={"max_tokens": 8, "temperature": 0.0}, chat_template_kwargs={})
+            t1 = time.monotonic()
+            completion = next(iter(engine.generate([req])))
+            out["request"] = {"ok": True, "latency_s": round(time.monotonic() - t1, 3),
+                              "prompt_tokens": completion.prompt_tokens,
+                              "output_tokens": completion.choices[0].output_tokens,
+                              "finish_reason": completion.choices[0].finish_reason}
     except Exception as e:  # noqa: BLE001 - recorded in the table; the next arm still runs
         out["error"] = f"{type(e).__name__}: {e}"[:1500]
-    finally:
-        if engine is not None:
-            engine.close()
     out["wall_s"] = round(time.monotonic() - t0, 1)
     return out
 

