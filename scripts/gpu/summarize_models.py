@@ -64,7 +64,7 @@ def table(data: dict) -> str:
     h = data.get("headline") or {}
     if "arms" in h:
         rec = (h.get("recovery") or {}).get("overall")
-        lines.append(f"- headline `python -m fp8eval model={h.get('model')} kv=fp8 engine=vllm model.dummy=true`: ran, "
+        lines.append(f"- headline `python -m fp8eval model={h.get('model')} kv=fp8 model.dummy=true`: ran, "
                      f"arms {list(h['arms'])}, recovery {rec} ({h.get('accuracy_note', 'no dummy label!')})")
     else:
         lines.append(f"- headline: no summary.json ({str(h.get('error'))[:200]})")
