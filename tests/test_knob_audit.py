@@ -294,7 +294,7 @@ def test_dummy_switch_engine_args_and_fingerprint(monkeypatch):
 
 def test_dummy_run_is_labelled_meaningless_everywhere(tmp_path, monkeypatch):
     from fp8eval import models
-    from fp8eval.runner import format_table
+    from fp8eval.table import format_table
     from tests.conftest import run_inprocess
 
     monkeypatch.setattr(models, "stand_in_tokenizer", lambda: "/stand-in-tokenizer")
