@@ -5,6 +5,7 @@ The last line printed on stdout is the run directory (other tools read it).
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -108,11 +109,28 @@ def _run_suite(typed, run_dir: Path) -> dict[str, dict]:
     return summaries
 
 
+def _label_dummy(run_dir: Path, report: Path) -> None:
+    """A dummy-weight run's report says at its top that every score is meaningless (report.md, index.html)."""
+    notes = {json.loads(p.read_text()).get("accuracy_note") for p in run_dir.rglob("summary.json")} - {None}
+    if not notes:
+        return
+    note = sorted(notes)[0]
+    report = report if report.is_dir() else report.parent
+    md, html = report / "report.md", report / "index.html"
+    if md.is_file() and note not in md.read_text():
+        md.write_text(f"> **{note}**\n\n" + md.read_text())
+    if html.is_file() and note not in html.read_text():
+        text = html.read_text()
+        at = text.find(">", text.find("<body")) + 1 if "<body" in text else 0
+        html.write_text(text[:at] + f'<p style="color:#b00;font-weight:bold">{note}</p>' + text[at:])
+
+
 def _write_report(run_dir: Path) -> None:
     if not any(run_dir.rglob("summary.json")):
         return
     try:
         out = write_report([run_dir], run_dir / "report")
+        _label_dummy(run_dir, Path(out))
         print(f"report: {display_path(out)}")
     except Exception as e:  # the run's results stand even when a figure fails
         print(f"report: not written ({type(e).__name__}: {e})", file=sys.stderr)

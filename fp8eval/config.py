@@ -45,6 +45,21 @@ class ModelConfig:
     notes: str = ""
     # Passed through to vLLM (and to `vllm serve` as flags) by their real EngineArgs names.
     engine_args: dict[str, Any] = field(default_factory=dict)
+    # Random weights of the model's architecture (conf/perf_models/<name>/config.json, load_format=dummy, a
+    # stand-in tokenizer): proves the path on a GPU; every score is meaningless and labelled so. Left out of
+    # fingerprints while false (fp8eval.models.dummy).
+    dummy: bool = False
+    # Environment of the vLLM process (e.g. VLLM_ALLOW_LONG_MAX_MODEL_LEN=1, which a model card asks for to serve
+    # past the config's context): lets vLLM start, changes no number, so it is left out of fingerprints.
+    env: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class AuditConfig:
+    """The knob audit (fp8eval.knobaudit): categories of mismatch an expert lets through (dtype, scales,
+    backend, skip); what was let through is recorded in the arm's fingerprint."""
+
+    allow: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -83,6 +98,25 @@ def emulation_in_effect(knobs: dict, cache_dtype: str) -> dict:
     if str(cache_dtype) in _BF16_CACHE:
         return {}
     return {k: knobs[k] for k, legacy in KV_EMULATION_DEFAULTS.items() if k in knobs and knobs[k] != legacy}
+
+
+_CACHE_KEYS = ("kv_cache_dtype", "cache_dtype")
+
+
+def bf16_cache_spelling(material, model_dtype) -> object:
+    """Fingerprint material with an explicit BF16 cache spelt as it was before `conf/kv/bf16.yaml` said so: a
+    `kv_cache_dtype` / `cache_dtype` of "bfloat16" (or "bf16") becomes "auto" when the model dtype is bfloat16, the
+    one case in which both store the same thing (a checkpoint that declares an FP8 KV scheme makes "auto" FP8 on
+    vLLM, PR #29980: the knob audit refuses that arm, so no "auto" record of it exists). Existing BF16 arms keep
+    their fingerprints; the engine is still started with the explicit spelling."""
+    if str(model_dtype or "bfloat16").lower() not in ("bfloat16", "bf16"):
+        return material
+    if isinstance(material, dict):
+        return {k: ("auto" if k in _CACHE_KEYS and str(v).lower() in ("bfloat16", "bf16")
+                    else bf16_cache_spelling(v, model_dtype)) for k, v in material.items()}
+    if isinstance(material, list):
+        return [bf16_cache_spelling(v, model_dtype) for v in material]
+    return material
 
 
 def kv_fingerprint_view(kv: dict) -> dict:
@@ -250,6 +284,7 @@ class RunConfig:
     # Print the plan (GPUs, requests, prefill tokens, GPU-hours) and exit 0 without loading a model.
     dry_run: bool = False
     plan: PlanConfig = field(default_factory=PlanConfig)
+    audit: AuditConfig = field(default_factory=AuditConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
     stop: StopConfig = field(default_factory=StopConfig)
 
@@ -262,6 +297,7 @@ class EngineGroupsConfig:
     model: ModelConfig = MISSING
     kv: KVConfig = MISSING
     engine: EngineConfig = MISSING
+    audit: AuditConfig = field(default_factory=AuditConfig)
 
 
 @dataclass

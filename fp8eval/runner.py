@@ -16,7 +16,7 @@ import fp8eval.anatomy as anatomy
 import fp8eval.control as controls
 import fp8eval.shard as shards
 from fp8eval.arms import ArmSpec, open_engines, resolve_arms
-from fp8eval.config import RunConfig, SamplingConfig, kv_fingerprint_view
+from fp8eval.config import RunConfig, SamplingConfig, bf16_cache_spelling, kv_fingerprint_view
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.jsonio import write_json
 from fp8eval.core.reasoning import split_reasoning
@@ -38,7 +38,7 @@ from fp8eval.stopping import check as check_stop
 from fp8eval.tasks import task_class
 from fp8eval.tasks.base import Prompt, Sample, SkipSample, Task, TaskContext
 from fp8eval.token_counts import TokenCountCache
-from fp8eval.validate import check_samples, check_task_config
+from fp8eval.validate import check_audit_config, check_samples, check_task_config
 
 
 class RunError(Fp8evalError):
@@ -205,8 +205,10 @@ class Runner:
     # --- fingerprint ---------------------------------------------------------------------------------------
     def fingerprint_material(self, task: Task, engine, arm: ArmSpec) -> dict:
         model = _as_dict(self.cfg.model)
-        for k in ("name", "notes", "sampling"):
+        for k in ("name", "notes", "sampling", "env"):
             model.pop(k, None)
+        if not model.get("dummy"):
+            model.pop("dummy", None)  # only dummy-weight runs carry it: every other fingerprint is unchanged
         task_cfg = _as_dict(self.cfg.task)
         for k in ("repeats", "limit", "sampling", *task.selection_keys):
             task_cfg.pop(k, None)
@@ -214,7 +216,7 @@ class Runner:
         for k in ("name", "description"):
             kv_d.pop(k, None)
         kv_d = kv_fingerprint_view(kv_d)  # emulation knobs only where they change a number
-        material = {
+        material = bf16_cache_spelling({  # an explicit "bfloat16" fingerprints as the "auto" it replaced
             "record_schema": RECORD_SCHEMA,
             "model": model,
             "engine": fingerprint_view(engine.describe()),  # data parallelism left out
@@ -222,7 +224,7 @@ class Runner:
             "sampling": self.sampling,
             "task": {"name": task.name, "version": task.version, "config": task_cfg, **task.fingerprint()},
             "seed": self.cfg.seed,
-        }
+        }, arm.engine_args.get("dtype"))
         if arm.role == controls.ROLE:  # never the baseline's records, even where the engine ignores the knobs
             material["control"] = controls.material(controls.control_of(self.cfg))
         return material
@@ -255,6 +257,8 @@ class Runner:
         summary.update({"records": str(store.path), "fingerprint": fp, "requests_sent": sent,
                         "n_ignored": view.ignored, "kv_name": kv.name, "records_io": store.io_summary(),
                         "engine": material["engine"].get("kind")})
+        if getattr(engine, "knob_audit", None) is not None:  # fp8eval.knobaudit: what the engine really ran
+            summary["knob_audit"] = engine.knob_audit
         stats = engine.prefill_stats() if sent and hasattr(engine, "prefill_stats") else None
         if stats:  # this invocation's prefill work, from the engine's own counters
             summary["engine_prefill"] = stats
@@ -412,6 +416,7 @@ class Runner:
         check_greedy_repeats(cfg, self.sampling)
         t0 = time.perf_counter()
         check_task_config(cfg.task)
+        check_audit_config(cfg)
         arms = self.arms()
         control_info = controls.preflight(cfg, arms, self.sampling, self.out)  # before any engine starts
         tcls = task_class(cfg.task.name)
@@ -457,6 +462,10 @@ class Runner:
             "seed": cfg.seed,
             "wall_s": None,
         }
+        if getattr(cfg.model, "dummy", False):  # random weights: the scores only prove the path
+            from fp8eval.models import DUMMY_NOTE
+
+            summary.update({"dummy_weights": True, "accuracy_meaningful": False, "accuracy_note": DUMMY_NOTE})
         if cfg.shard is not None:
             summary["shard"] = cfg.shard  # this summary covers only the shard's samples
         if len(arms) >= 2:

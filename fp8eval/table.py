@@ -46,6 +46,8 @@ def format_table(summary: dict) -> str:
     widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
     line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths))  # noqa: E731
     out = [f"{summary['task']} on {summary['model']}", line(header), line(["-" * w for w in widths])]
+    if summary.get("dummy_weights"):  # model.dummy=true: random weights, every score meaningless
+        out.insert(0, f"*** {summary.get('accuracy_note')} ***")
     out += [line(r) for r in rows]
     extra = []
     for n in names:

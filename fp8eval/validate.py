@@ -76,3 +76,14 @@ def read_jsonl_rows(lines: Iterable[str], path: Path) -> list[dict]:
     if not rows:
         raise InputError(f"{path}: no rows (the data file is empty)")
     return rows
+
+
+AUDIT_CATEGORIES = ("dtype", "scales", "backend", "skip")  # fp8eval.engines.audit.compare.CATEGORIES
+
+
+def check_audit_config(cfg: Any) -> None:
+    """audit.allow names only knob-audit categories (dtype, scales, backend, skip)."""
+    allow = list(getattr(getattr(cfg, "audit", None), "allow", None) or [])
+    bad = [a for a in allow if a not in AUDIT_CATEGORIES]
+    if bad:
+        raise InputError(f"audit.allow={allow}: unknown categories {bad}; valid: {', '.join(AUDIT_CATEGORIES)}")

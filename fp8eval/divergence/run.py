@@ -19,7 +19,7 @@ from omegaconf import OmegaConf
 
 import fp8eval.control as controls
 from fp8eval.arms import ArmEngines, open_engines, resolve_arms
-from fp8eval.config import kv_fingerprint_view
+from fp8eval.config import bf16_cache_spelling, kv_fingerprint_view
 from fp8eval.core.hashing import canonical_json, fingerprint_hash
 from fp8eval.core.secrets import redact_obj
 from fp8eval.divergence import measures as M
@@ -45,8 +45,10 @@ def arm_fingerprint(cfg, engine, kv, kind: str, control=None) -> tuple[str, dict
     """sha256 over everything that can change an arm's per-passage result (`kv`: a KVConfig or an ArmSpec;
     `control`: the control config of a control arm, None otherwise)."""
     model = _plain(cfg.model)
-    for k in ("name", "notes", "sampling"):
+    for k in ("name", "notes", "sampling", "env"):
         model.pop(k, None)
+    if not model.get("dummy"):
+        model.pop("dummy", None)  # only dummy-weight runs carry it
     kv_d = _plain(getattr(kv, "kv", kv))
     for k in ("name", "description"):
         kv_d.pop(k, None)
@@ -55,6 +57,7 @@ def arm_fingerprint(cfg, engine, kv, kind: str, control=None) -> tuple[str, dict
     if kind != "hidden" and int(getattr(cfg.divergence, "batch", 1)) != 1:  # only then: older results keep theirs
         kept = {**kept, "batch": int(cfg.divergence.batch)}
     material = {"divergence_schema": SCHEMA, "model": model, "engine": engine.describe(), "kv": kv_d, "kept": kept}
+    material = bf16_cache_spelling(material, (kv_d.get("engine_args") or {}).get("dtype"))
     if control is not None:
         material["control"] = controls.material(control)
     return fingerprint_hash(material), material

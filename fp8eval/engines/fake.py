@@ -64,7 +64,7 @@ class FakeEngine:
         self.kv = kv = arm
         self.script = cfg.engine.script
         self.cache_dtype = str(kv.engine_args.get("kv_cache_dtype", "auto"))
-        self.error_rate = float(arm.engine_args.get("fake_fp8_error", 0.0)) if self.cache_dtype != "auto" else 0.0
+        self.error_rate = float(arm.engine_args.get("fake_fp8_error", 0.0)) if self.cache_dtype.startswith("fp8") else 0.0
         self.delay_s = float(arm.engine_args.get("fake_delay_s", 0.0))
         # A control arm's `fake_noise`: answers flip at this rate whatever the cache (fp8eval.control).
         self.noise = float(arm.engine_args.get("fake_noise", 0.0))

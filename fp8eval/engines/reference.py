@@ -21,7 +21,7 @@ from fp8eval.config import (
 )
 from fp8eval.core.hub import known_offline_reason
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
-from fp8eval.engines.prompting import plain_prompt_text
+from fp8eval.engines.prompting import check_template_kwargs, plain_prompt_text
 from fp8eval.engines.spec import ArmSpec
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
@@ -42,6 +42,9 @@ class ReferenceEngine:
         self.kv = kv = arm
         # Arms of one run share the loaded model (only the cache policy differs), keyed by model dir.
         self._shared = shared if shared is not None else {}
+        if getattr(cfg.model, "dummy", False):
+            raise EngineError("model.dummy=true (random weights) needs engine=vllm or engine=vllm_cpu: the reference "
+                              "engine only runs real weights.")
         args = arm.engine_args
         self.cache_dtype = str(args.get("kv_cache_dtype", "auto"))
         if self.cache_dtype not in ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"):
@@ -70,6 +73,7 @@ class ReferenceEngine:
             )
         self._tok = None
         self._model = None
+        self.knob_audit: dict | None = None
         self._policy = None
         # Prompt tokens actually run through the model (one prefill per request, whatever its n).
         self.computed_prefill_tokens = 0
@@ -202,6 +206,14 @@ class ReferenceEngine:
             attention=self.kv.attention,
             accumulation=self.kv.accumulation,
         )
+        from fp8eval.engines.audit.live import audit_reference
+
+        self.knob_audit = audit_reference(self)  # refuses (AuditError) a policy that is not what the arm asks
+
+    def audit_now(self) -> dict:
+        """Load the model (if not yet) and return the knob audit of this arm's KV policy."""
+        self._load()
+        return self.knob_audit
 
     # --- prompts ------------------------------------------------------------------------------------
     def prompt_ids(self, request: Request) -> list[int]:
@@ -211,6 +223,12 @@ class ReferenceEngine:
         if request.prompt_text is not None:
             return tok(request.prompt_text, add_special_tokens=True)["input_ids"]
         if self.cfg.model.chat_template and tok.chat_template:
+            if request.chat_template_kwargs and not getattr(self, "_kwargs_checked", False):
+                try:  # each switch must reach the rendered prompt (fp8eval.engines.prompting)
+                    check_template_kwargs(tok, request.chat_template_kwargs)
+                except ValueError as e:
+                    raise EngineError(str(e)) from None
+                self._kwargs_checked = True
             text = tok.apply_chat_template(list(request.messages), add_generation_prompt=True, tokenize=False,
                                            **request.chat_template_kwargs)
             return tok(text, add_special_tokens=False)["input_ids"]

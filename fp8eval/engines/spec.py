@@ -69,10 +69,17 @@ def merged_engine_args(cfg: RunConfig, kv: KVConfig) -> dict[str, Any]:
                             "tensor_parallel_size": m.tensor_parallel_size}
     if m.revision:
         args["revision"] = m.revision
-    for layer in (m.engine_args, kv.engine_args, cfg.engine.engine_args):
-        args.update(_plain(layer))
+    model_args = _plain(m.engine_args)
+    if getattr(m, "dummy", False):  # the architecture's config.json already carries the model's hf_overrides
+        model_args.pop("hf_overrides", None)
+    for layer in (model_args, _plain(kv.engine_args), _plain(cfg.engine.engine_args)):
+        args.update(layer)
     if getattr(cfg.engine, "attention_backend", None):  # its EngineArgs name; older vLLM: an env variable
         args["attention_backend"] = validate_backend(cfg.engine.attention_backend)
+    if getattr(m, "dummy", False):  # random weights of the model's architecture (fp8eval.models.dummy_engine_args)
+        from fp8eval.models import dummy_engine_args
+
+        args = dummy_engine_args(m, args)
     return args
 
 

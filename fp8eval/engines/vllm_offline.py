@@ -23,8 +23,9 @@ from typing import Any, Iterable, Iterator
 
 from fp8eval.config import RunConfig
 from fp8eval.engines import attention, vllm_scoring
+from fp8eval.engines.audit import live as knob_live
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
-from fp8eval.engines.prompting import plain_prompt_text
+from fp8eval.engines.prompting import check_template_kwargs, plain_prompt_text
 from fp8eval.engines.spec import ArmSpec
 from fp8eval.engines.vllm import args as vargs
 from fp8eval.engines.vllm import child as vchild
@@ -64,13 +65,14 @@ class VLLMOfflineEngine:
         launch_args, env = attention.for_launch(self.args, vchild.child_env(vchild.cpu_threads(self.threads, self.args)),
                                                 self.python)
         env.update(vchild.arm_env(self.kv))  # a control arm's VLLM_BATCH_INVARIANT=1, this arm only
+        env.update({str(k): str(v) for k, v in (getattr(self.cfg.model, "env", None) or {}).items()})
         import subprocess
 
         self._child = vchild.ChildProcess(
             [self.python, "-m", WORKER_MODULE, "--worker"], self.log_path, env=env,
             stdin=subprocess.PIPE, stdout=subprocess.PIPE,
         )
-        spec = {"engine_args": launch_args, "env": vchild.arm_env(self.kv)}
+        spec = {"engine_args": knob_live.launch_args(launch_args), "env": vchild.arm_env(self.kv)}
         try:
             self._send(spec)
             reply = self._recv(timeout_s=float(getattr(self.cfg.engine, "startup_timeout_s", 1200.0)))
@@ -97,6 +99,7 @@ class VLLMOfflineEngine:
                     "(recorded in the arm's fingerprint)."
                 )
             self.preflight["kv_mismatch_trusted"] = problems
+        self.knob_audit = knob_live.audit_started(self, reply.get("knob_readback"))
 
     def _runs_on_cpu(self) -> bool:
         return kvcheck.runs_on_cpu(self.args)
@@ -303,7 +306,8 @@ class _Worker:
         # measure of prefill work when n > 1 (each of the n child requests reports its own cache hits,
         # and the merged output keeps one child's). Not an engine arg of the arm: it changes no number.
         self.llm = LLM(**{"disable_log_stats": False, **engine_args})
-        self.tokenizer = self.llm.get_tokenizer()
+        self.tokenizer = None if engine_args.get("skip_tokenizer_init") else self.llm.get_tokenizer()
+        self.dummy = engine_args.get("load_format") == "dummy"
         # The model's generation_config values (what `vllm serve` applies to fields a request leaves
         # unset); vLLM's neutral defaults apply to the rest.
         self.defaults = dict(self.llm.llm_engine.model_config.get_diff_sampling_param() or {})
@@ -315,9 +319,15 @@ class _Worker:
             return list(tok.encode(req["prompt_text"]))
         # Render the template to text, then tokenize without adding special tokens again: what vLLM's
         # own chat entry points do, so a BOS in the template is not doubled.
+        kwargs = req.get("chat_template_kwargs") or {}
+        self.checked = getattr(self, "checked", set())
+        key = json.dumps(kwargs, sort_keys=True)
+        if kwargs and key not in self.checked and not self.dummy:  # a dummy run's stand-in tokenizer: not the model's
+            check_template_kwargs(tok, kwargs, render=lambda kw: tok.apply_chat_template(
+                [{"role": "user", "content": "2+2?"}], tokenize=False, add_generation_prompt=True, **kw))
+            self.checked.add(key)
         try:
-            text = tok.apply_chat_template(req["messages"], tokenize=False, add_generation_prompt=True,
-                                           **(req.get("chat_template_kwargs") or {}))
+            text = tok.apply_chat_template(req["messages"], tokenize=False, add_generation_prompt=True, **kwargs)
         except ValueError as e:
             if "chat_template" not in str(e) and "chat template" not in str(e):
                 raise
@@ -366,7 +376,7 @@ class _Worker:
         attn = getattr(config, "attention_config", None)
         backend = getattr(attn, "backend", None) if attn is not None else None
         out["attention_backend"] = str(getattr(backend, "name", backend)) if backend else None
-        out["kv_scales_source"] = _scales_source(out["cache_dtype"], model)
+        out["kv_scales_source"] = kvcheck.scales_source(out["cache_dtype"], model)
         try:
             from vllm.platforms import current_platform
 
@@ -435,20 +445,6 @@ def _finish_reason(reason) -> str:
     return reason if reason in ("stop", "length") else "error" if reason in ("abort", "error") else str(reason or "stop")
 
 
-def _scales_source(cache_dtype: str, model_config) -> str:
-    if not cache_dtype.startswith("fp8"):
-        return "none (unquantized cache)"
-    hf = getattr(model_config, "hf_config", None)
-    qc = getattr(hf, "quantization_config", None) or {}
-    if not isinstance(qc, dict):
-        qc = getattr(qc, "to_dict", lambda: {})()
-    if qc.get("kv_cache_scheme"):
-        return "checkpoint (compressed-tensors kv_cache_scheme)"
-    if qc.get("kv_cache_quant_algo"):
-        return "checkpoint (modelopt kv_cache_quant_algo)"
-    return "unit (1.0, uncalibrated)"
-
-
 def _worker_main() -> int:
     # Our replies use a private copy of stdout; everything vLLM prints (logging, its helper
     # processes) lands on stderr, which the parent sends to the run's log file.
@@ -461,7 +457,8 @@ def _worker_main() -> int:
     try:
         vchild.check_env_known(spec.get("env") or {})
         worker.start(spec["engine_args"])
-        worker.send({"op": "ready", "preflight": worker.preflight(spec["engine_args"])})
+        worker.send({"op": "ready", "preflight": worker.preflight(spec["engine_args"]),
+                     "knob_readback": knob_live.worker_readback(worker.llm)})
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises EngineError
         traceback.print_exc()
         worker.send({"op": "error", "type": type(e).__name__, "message": str(e)[:2000]})

@@ -57,6 +57,9 @@ def request_body(req: Request, model_id: str, token_ids: bool) -> tuple[str, dic
     body["messages"] = list(req.messages)
     if req.chat_template_kwargs:
         body["chat_template_kwargs"] = dict(req.chat_template_kwargs)
+        if "reasoning_effort" in req.chat_template_kwargs:
+            # gpt-oss on `vllm serve` renders harmony itself and reads the request's top-level field, not the kwargs
+            body["reasoning_effort"] = req.chat_template_kwargs["reasoning_effort"]
     return "/v1/chat/completions", body
 
 

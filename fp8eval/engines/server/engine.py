@@ -66,6 +66,7 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
         self.requested_kv = kvcheck.requested_kv(self.args)
         self.preflight: dict[str, Any] = {}
         self.warnings: dict[str, list[str]] = {}
+        self.knob_audit: dict[str, Any] | None = None  # set by the preflight (fp8eval.engines.audit, server level)
         self._server: vchild.ChildProcess | None = None
         self._http = None
         # /metrics counter deltas over this arm's generate() calls (None: not exposed, or a call failed).

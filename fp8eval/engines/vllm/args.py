@@ -58,7 +58,8 @@ def vllm_engine_args(cfg, arm: ArmSpec) -> dict[str, Any]:
         # vLLM types it list[str]; `kv.engine_args.kv_cache_dtype_skip_layers=[3,7]` on the CLI gives ints.
         args["kv_cache_dtype_skip_layers"] = [str(x) for x in args["kv_cache_dtype_skip_layers"]]
     model_cfg = cfg.model
-    if getattr(model_cfg, "embedded_package", None) or getattr(model_cfg, "gguf_file", None):
+    embedded = getattr(model_cfg, "embedded_package", None) or getattr(model_cfg, "gguf_file", None)
+    if embedded and not getattr(model_cfg, "dummy", False):
         from fp8eval.models import local_model_dir
 
         local = str(local_model_dir(model_cfg))

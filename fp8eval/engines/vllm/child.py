@@ -116,7 +116,7 @@ class ChildProcess:
             try:
                 if stream:
                     stream.close()
-            except OSError:
+            except (OSError, RuntimeError):  # RuntimeError: a signal arrived while this stream was being read
                 pass
         try:
             self._log.close()

