@@ -64,7 +64,8 @@ class KVConfig:
     # see fp8eval/engines/attention_emulation.py. fa3_fp8 is the default: of the three it came closest to
     # the real FA3 kernel's divergence on an H200, in every position bucket (docs/gpu-validation.md).
     attention: str = "fa3_fp8"
-    # accumulation of P.V: exact | fast_fp8 (an FP8 tensor-core MMA without two-level promotion)
+    # accumulation of P.V: exact | fast_fp8 (an FP8 tensor-core MMA, partial sums promoted to FP32 every 4,096
+    # keys) | fa3_unfixed (the same MMA never promoted across the context: the seed's unfixed FA3 kernel)
     accumulation: str = "exact"
     # Legacy spelling of attention=qp_unit_scale (kept so existing records keep their fingerprint).
     quantize_attention: bool = False
@@ -92,7 +93,7 @@ def kv_fingerprint_view(kv: dict) -> dict:
     return out
 # The reference engine's FP8 attention emulations (fp8eval/engines/attention_emulation.py).
 ATTENTION_MODES = ("kv_only", "fa3_fp8", "qp_unit_scale")
-ACCUMULATION_MODES = ("exact", "fast_fp8")
+ACCUMULATION_MODES = ("exact", "fast_fp8", "fa3_unfixed")
 
 
 @dataclass

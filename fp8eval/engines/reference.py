@@ -45,10 +45,12 @@ class ReferenceEngine:
 
         args = engine_args(cfg, kv)
         self.cache_dtype = str(args.get("kv_cache_dtype", "auto"))
-        if self.cache_dtype not in ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"):
+        from fp8eval.engines.kv_formats_emulation import EMULATED
+
+        if self.cache_dtype not in ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", *EMULATED):
             raise EngineError(
-                f"The reference engine emulates kv_cache_dtype auto, fp8, fp8_e4m3 and fp8_e5m2; "
-                f"{self.cache_dtype!r} was asked for by kv={kv.name}."
+                f"The reference engine emulates kv_cache_dtype auto, bfloat16, fp8, fp8_e4m3, fp8_e5m2, "
+                f"{', '.join(EMULATED)}; {self.cache_dtype!r} was asked for by kv={kv.name}."
             )
         _check_emulation(kv)
         self.skip_layers = tuple(str(x) for x in (args.get("kv_cache_dtype_skip_layers") or []))
@@ -193,10 +195,16 @@ class ReferenceEngine:
             self._shared[key] = model
         self._model = self._shared[key]
         scales = self._scales
+        from fp8eval.core.kvformats import effective_skip_layers
+
+        # TurboQuant keeps its boundary layers in BF16 by itself in vLLM (engine/arg_utils.py): the same here.
+        n_layers = int(getattr(self._model.config.get_text_config(), "num_hidden_layers", 0) or 0)
+        skip = tuple(effective_skip_layers(self.cache_dtype, list(self.skip_layers), n_layers)
+                     if self.cache_dtype.startswith("turboquant_") else self.skip_layers)
         self._policy = kvcache.KVPolicy(
             cache_dtype=self.cache_dtype,
             model_dtype=getattr(torch, self.model_dtype if self.model_dtype != "auto" else "bfloat16"),
-            skip_layers=self.skip_layers,
+            skip_layers=skip,
             k_scales={i: t.to(self._device_name()) for i, t in scales.k.items()} if scales else {},
             v_scales={i: t.to(self._device_name()) for i, t in scales.v.items()} if scales else {},
             quantize_attention=self.kv.quantize_attention,
