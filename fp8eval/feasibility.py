@@ -116,7 +116,7 @@ def rule_check(layout: Layout, cache_dtype: str, skip: list) -> Verdict:
 _ORACLE = r'''
 import dataclasses, json, sys, types
 import torch
-spec_in = json.loads(sys.stdin.read())
+payload = json.loads(sys.stdin.read())
 from vllm.v1 import kv_cache_interface as K
 from vllm.v1.core import kv_cache_utils as U
 try:
@@ -124,54 +124,75 @@ try:
 except ImportError:
     from vllm.utils import STR_DTYPE_TO_TORCH_DTYPE as DT
 mode_of = getattr(K, "get_kv_quant_mode", None)
-specs = {}
-for i, (t, f, content) in enumerate(zip(spec_in["types"], spec_in["formats"], spec_in["content"])):
-    cls = K.SlidingWindowSpec if t.startswith("sliding") else K.FullAttentionSpec
-    names = {x.name for x in dataclasses.fields(cls)}
-    kw = dict(block_size=16, num_kv_heads=spec_in["heads"], head_size=spec_in["head_dim"],
-              dtype=torch.bfloat16 if f == "bfloat16" else DT[f])
-    if "head_size_v" in names: kw["head_size_v"] = spec_in["head_dim"]
-    if t.startswith("sliding"): kw["sliding_window"] = int(t.split(":")[1])
-    if "kv_quant_mode" in names and mode_of and f != "bfloat16": kw["kv_quant_mode"] = mode_of(f)
-    if "state_content_bytes" in names and content: kw["state_content_bytes"] = content
-    if "cache_dtype_str" in names: kw["cache_dtype_str"] = f
-    specs[f"model.layers.{i}.self_attn.attn"] = cls(**{k: v for k, v in kw.items() if k in names})
 ns = types.SimpleNamespace
-cfg = ns(scheduler_config=ns(disable_hybrid_kv_cache_manager=False),
-         cache_config=ns(get_resolved_kv_cache_layout=lambda: ns(is_block_outermost=False), cache_dtype=spec_in["dtype"],
-                         kv_cache_dtype_skip_layers=[]),
-         model_config=ns(hf_config=ns(), hf_text_config=ns()), speculative_config=None, kv_transfer_config=None)
-try:
-    groups = U.get_kv_cache_groups(cfg, specs)
-    print(json.dumps({"ok": True, "groups": len(groups)}))
-except AttributeError as e:
-    print(json.dumps({"ok": None, "error": f"{type(e).__name__}: {e}"[:400]}))
-except Exception as e:
-    print(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}"[:400]}))
+for spec_in in payload:
+    specs = {}
+    for i, (t, f, content) in enumerate(zip(spec_in["types"], spec_in["formats"], spec_in["content"])):
+        cls = K.SlidingWindowSpec if t.startswith("sliding") else K.FullAttentionSpec
+        names = {x.name for x in dataclasses.fields(cls)}
+        kw = dict(block_size=16, num_kv_heads=spec_in["heads"], head_size=spec_in["head_dim"],
+                  dtype=torch.bfloat16 if f == "bfloat16" else DT[f])
+        if "head_size_v" in names: kw["head_size_v"] = spec_in["head_dim"]
+        if t.startswith("sliding"): kw["sliding_window"] = int(t.split(":")[1])
+        if "kv_quant_mode" in names and mode_of and f != "bfloat16": kw["kv_quant_mode"] = mode_of(f)
+        if "state_content_bytes" in names and content: kw["state_content_bytes"] = content
+        if "cache_dtype_str" in names: kw["cache_dtype_str"] = f
+        specs[f"model.layers.{i}.self_attn.attn"] = cls(**{k: v for k, v in kw.items() if k in names})
+    cfg = ns(scheduler_config=ns(disable_hybrid_kv_cache_manager=False),
+             cache_config=ns(get_resolved_kv_cache_layout=lambda: ns(is_block_outermost=False),
+                             cache_dtype=spec_in["dtype"], kv_cache_dtype_skip_layers=[]),
+             model_config=ns(hf_config=ns(), hf_text_config=ns()), speculative_config=None, kv_transfer_config=None)
+    try:
+        groups = U.get_kv_cache_groups(cfg, specs)
+        print(json.dumps({"ok": True, "groups": len(groups)}))
+    except AttributeError as e:
+        print(json.dumps({"ok": None, "error": f"{type(e).__name__}: {e}"[:400]}))
+    except Exception as e:
+        print(json.dumps({"ok": False, "error": f"{type(e).__name__}: {e}"[:400]}))
 '''
 
 
-def oracle_check(layout: Layout, cache_dtype: str, skip: list, python: str, timeout_s: float = 300) -> Verdict | None:
-    """vLLM's own grouping on this layout (None when that vLLM cannot be run or cannot build the specs)."""
-    formats = layer_formats(layout, cache_dtype, skip)
-    content = [0 if f in ("bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2") else
-               bytes_per_token_layer(f, layout.n_kv_heads, layout.head_dim) // layout.n_kv_heads for f in formats]
-    payload = json.dumps({"types": list(layout.types), "formats": formats, "content": content, "dtype": cache_dtype,
-                          "heads": layout.n_kv_heads, "head_dim": layout.head_dim})
+def oracle_many(layout: Layout, cases: list[tuple[str, list]], python: str,
+                timeout_s: float = 600) -> list[Verdict | None]:
+    """vLLM's own grouping for each (cache_dtype, skip list) on this layout, in one subprocess (None for a case,
+    or all of them, when that vLLM cannot be run or cannot build the specs)."""
+    payload = []
+    for cache_dtype, skip in cases:
+        formats = layer_formats(layout, cache_dtype, skip)
+        content = [0 if f in ("bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2") else
+                   bytes_per_token_layer(f, layout.n_kv_heads, layout.head_dim) // layout.n_kv_heads for f in formats]
+        payload.append({"types": list(layout.types), "formats": formats, "content": content, "dtype": cache_dtype,
+                        "heads": layout.n_kv_heads, "head_dim": layout.head_dim})
     try:
-        r = subprocess.run([python, "-c", _ORACLE], input=payload, capture_output=True, text=True, timeout=timeout_s)
+        r = subprocess.run([python, "-c", _ORACLE], input=json.dumps(payload), capture_output=True, text=True,
+                           timeout=timeout_s)
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    line = next((ln for ln in reversed(r.stdout.splitlines()) if ln.startswith("{")), None)
-    if line is None:
-        return None
-    got = json.loads(line)
-    if got["ok"] is None:  # this vLLM's grouping needs more of its config than the oracle builds
-        return None
-    show = {t: {str(b): ls for b, ls in d.items()} for t, d in pages(layout, cache_dtype, skip).items()}
-    if got["ok"]:
-        return Verdict(True, "oracle", f"vLLM's get_kv_cache_groups made {got['groups']} group(s)", show)
-    return Verdict(False, "oracle", f"vLLM's get_kv_cache_groups: {got['error']}", show)
+        return [None] * len(cases)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith("{")]
+    if len(lines) != len(cases):
+        return [None] * len(cases)
+    out: list[Verdict | None] = []
+    for (cache_dtype, skip), line in zip(cases, lines):
+        got = json.loads(line)
+        show = {t: {str(b): ls for b, ls in d.items()} for t, d in pages(layout, cache_dtype, skip).items()}
+        if got["ok"] is None:  # this vLLM's grouping needs more of its config than the oracle builds
+            out.append(None)
+        elif got["ok"]:
+            out.append(Verdict(True, "oracle", f"vLLM's get_kv_cache_groups made {got['groups']} group(s)", show))
+        else:
+            out.append(Verdict(False, "oracle", f"vLLM's get_kv_cache_groups: {got['error']}", show))
+    return out
+
+
+def oracle_check(layout: Layout, cache_dtype: str, skip: list, python: str) -> Verdict | None:
+    """vLLM's own grouping for one skip list (None when the oracle cannot say)."""
+    return oracle_many(layout, [(cache_dtype, skip)], python)[0]
+
+
+def check_many(layout: Layout, cases: list[tuple[str, list]], python: str | None = None) -> list[Verdict]:
+    """check() for many cases with one vLLM start."""
+    got = oracle_many(layout, cases, python) if python else [None] * len(cases)
+    return [g if g is not None else rule_check(layout, c, s) for g, (c, s) in zip(got, cases)]
 
 
 def check(layout: Layout, cache_dtype: str, skip: list, python: str | None = None) -> Verdict:

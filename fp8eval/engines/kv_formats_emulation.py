@@ -114,13 +114,19 @@ def int4_per_token_head_roundtrip(x: torch.Tensor, model_dtype: torch.dtype = to
     space, expressed on the unrotated K/V)."""
     b = _pow2_block(x.shape[-1])
     y = _rht(x.float(), inverse=False).to(model_dtype).float()
+    return (_rht(int4_asymmetric(y), inverse=True) / b).to(x.dtype)
+
+
+def int4_asymmetric(y: torch.Tensor) -> torch.Tensor:
+    """int4_per_token_head's quantizer on already-rotated rows (float32 in and out): scale = max((max - min) / 15,
+    1e-6), zp and q rounded half away from zero and clamped to [0, 15], read as (q - zp) times the scale with its
+    low 4 bits (where zp is kept) cleared."""
     lo, hi = y.amin(-1, keepdim=True), y.amax(-1, keepdim=True)
     scale = ((hi - lo) / 15.0).clamp_min(PER_TOKEN_HEAD_FLOOR)
     zp = _half_away(-lo / scale).clamp(0.0, 15.0)
     q = _half_away(y * (1.0 / scale) + zp).clamp(0.0, 15.0)
     read_scale = (scale.view(torch.int32) & -16).view(torch.float32)
-    y_hat = (q - zp) * read_scale
-    return (_rht(y_hat, inverse=True) / b).to(x.dtype)
+    return (q - zp) * read_scale
 
 
 @functools.lru_cache(maxsize=16)

@@ -81,7 +81,7 @@ def _format_boundary(cache_dtype: str, want: list[str], got: list[str]) -> bool:
     if not all(e.isdigit() for e in extra):
         return False
     n_layers = int(extra[-1]) + 1
-    return set(extra) <= set(kvformats.boundary_skip_layers(cache_dtype, n_layers))
+    return set(extra) == set(kvformats.boundary_skip_layers(cache_dtype, n_layers)) - set(want)
 
 
 def uses_fp8_cache(args: dict[str, Any]) -> bool:
