@@ -25,6 +25,7 @@ from fp8eval.feasibility import check_many, layout_from_config, rule_check
 from fp8eval.pareto import frontier as F
 from fp8eval.pareto import steps
 from fp8eval.pareto.config import validate
+from fp8eval.pareto.measure import Probe
 
 SCHEMA = 1
 
@@ -33,6 +34,27 @@ def _model_config(cfg) -> dict:
     from fp8eval.models import local_model_dir
 
     return json.loads((Path(local_model_dir(cfg.model)) / "config.json").read_text(encoding="utf-8"))
+
+
+def _passages(cfg, out) -> list:
+    """The divergence probe's passages: the shipped books (divergence.documents per length) and the user's texts."""
+    from fp8eval.divergence.documents import load_tokenizer, passages, read_texts, text_passages
+
+    d = cfg.divergence
+    limit = int(cfg.model.max_model_len) - 1
+    lengths = [int(n) for n in d.lengths if int(n) <= limit]
+    if len(lengths) < len(d.lengths):
+        out(f"pareto: skipped lengths above model.max_model_len - 1 = {limit}: "
+            f"{[n for n in d.lengths if int(n) > limit]}")
+    tok = load_tokenizer(cfg.model)
+    docs = passages(tok, lengths, int(d.documents)) if int(d.documents) > 0 else []
+    if d.texts:
+        own, counts = text_passages(tok, read_texts(list(d.texts)), lengths)
+        out(f"pareto: divergence.texts: {counts}")
+        docs += own
+    if not docs:
+        raise ValueError("pareto: no passage to measure (divergence.documents=0 and no divergence.texts)")
+    return docs
 
 
 def plan(cfg) -> list[dict]:
@@ -130,6 +152,11 @@ def run(cfg, run_dir: Path, out=print) -> dict:
     infeasible = [pt["key"] for pt in points if not pt["feasible"] and not pt.get("same_as")]
     out(f"pareto: {len(points)} point(s), {len(infeasible)} infeasible (not run): {infeasible or '-'}")
     engine = _engine_for_chunk(cfg, p.prefill_chunk)
+    probe_cfg = divergence_run._engine_cfg(dataclasses.replace(cfg, engine=engine))
+    records = Path(cfg.records_dir).expanduser()
+    records = records if records.is_absolute() else Path.cwd() / records
+    probe = Probe(probe_cfg, _passages(cfg, out), records, out)
+    base_kv = compose_kv(cfg.baseline, cfg.model.name)
     errors = {}
     for pt in points:
         pt["capacity_vs_bf16"] = bf16_bytes / pt["kv_bytes_per_token"]
@@ -139,18 +166,21 @@ def run(cfg, run_dir: Path, out=print) -> dict:
         if saved.exists():
             pt.update(json.loads(saved.read_text(encoding="utf-8")))
             continue
-        kv = _point_kv(cfg, pt)
-        sub = dataclasses.replace(cfg, kv=kv, engine=engine)
         try:
-            res = divergence_run.run(sub, run_dir / "divergence" / saved.stem, out=out)
+            base = probe.baseline(base_kv)
+            data, info = probe.arm(_point_kv(cfg, pt))
+            res = probe.compare(base, data)
         except (EngineError, ValueError) as e:
             errors[pt["key"]] = f"{type(e).__name__}: {e}"
-            pt["error"] = errors[pt["key"]]
+            pt["error"] = errors[pt["key"]][:600]
             out(f"pareto: {pt['key']}: {pt['error']}")
             continue
         got = {"kl": res["overall"]["kl_mean"], "top1_agree": res["overall"]["top1_agree"],
                "kl_buckets": {b: v["kl_mean"] for b, v in res["buckets"].items()}, "method": res["method"],
-               "kl_topk_view": (res.get("topk_view") or {}).get("overall", {}).get("kl_mean")}
+               "kl_topk_view": (res.get("topk_view") or {}).get("overall", {}).get("kl_mean"),
+               "kl_topk_view_buckets": {b: v["kl_mean"] for b, v in (res.get("topk_view") or {}).get("buckets",
+                                                                                                     {}).items()},
+               **info}
         pt.update(got)
         saved.write_text(json.dumps(got, indent=2) + "\n", encoding="utf-8")
         out(f"pareto: {pt['key']}: KL {got['kl']:.3e}, {pt['kv_bytes_per_token']} B/token")
@@ -171,7 +201,8 @@ def run(cfg, run_dir: Path, out=print) -> dict:
     best, why = F.pick(pickable, p.max_kl, p.min_recovery)
     result = {
         "schema": SCHEMA, "fingerprint": fp, "model": cfg.model.name, "engine": resolve_kind(cfg),
-        "baseline": cfg.baseline, "layout": {"types": list(layout.types), "n_kv_heads": layout.n_kv_heads,
+        "baseline": cfg.baseline, "baseline_info": getattr(probe, "base_info", None),
+        "passages": [{"book": d.book, "length": d.length, "key": d.key} for d in probe.docs], "layout": {"types": list(layout.types), "n_kv_heads": layout.n_kv_heads,
                                              "head_dim": layout.head_dim},
         "bf16_kv_bytes_per_token": bf16_bytes, "prefill_chunk": p.prefill_chunk,
         "target": {"max_kl": p.max_kl, "min_recovery": p.min_recovery},
