@@ -30,9 +30,10 @@ CASES = {
 def layout(model: str) -> tuple[Layout, str]:
     """The model's layout from its converted config.json, else the fallback."""
     try:
+        from hydra import compose, initialize_config_dir
+
         from fp8eval.arms import compose_kv  # noqa: F401  (Hydra config dir)
         from fp8eval.models import local_model_dir
-        from hydra import compose, initialize_config_dir
 
         conf = Path(__file__).resolve().parents[2] / "conf"
         with initialize_config_dir(config_dir=str(conf), version_base="1.3"):

@@ -103,7 +103,7 @@ def main(argv: list[str]) -> int:
     lines += ["", "NIAH at 32k, gemma3-270m, reference engine, kv=fp8 fa3_fp8: " + ", ".join(
         f"{k} {v if v is not None else 'not run'}" for k, v in summary["niah_32k"].items())]
     for model, pk in (summary.get("picks") or {}).items():
-        lines += [f"", f"pick ({model}, max_kl 0.02): {pk['pick']} -- `{pk['serve']}`"]
+        lines += ["", f"pick ({model}, max_kl 0.02): {pk['pick']} -- `{pk['serve']}`"]
     md = "\n".join(lines) + "\n"
     (out / "summary.md").write_text(md, encoding="utf-8")
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
