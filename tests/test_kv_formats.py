@@ -221,3 +221,23 @@ def test_divergence_texts(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"nope": 1}\n')
     with pytest.raises(ValueError, match="bad.jsonl line 1"):
         read_texts([str(tmp_path / "bad.jsonl")])
+
+
+@pytest.mark.slow
+def test_pareto_cli_on_the_reference_engine_resumes(tmp_path):
+    import sys
+
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "fp8eval.pareto", "divergence.lengths=[48]", "pareto.formats=[fp8,int8_per_token_head]",
+           "pareto.skip_lists=[[],[0]]", "pareto.max_kl=1.0", "pareto.plot=false", f"records_dir={tmp_path / 'rec'}",
+           f"hydra.run.dir={run_dir}"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=1500)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads((run_dir / "pareto.json").read_text())
+    assert res["counts"]["measured"] == 4 and res["pick"] and res["serve"].startswith("vllm serve ")
+    assert "--kv-cache-dtype" in res["serve"]
+    r2 = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env, timeout=1500)
+    assert r2.returncode == 0
+    assert "tokens in" not in r2.stderr  # every point came from <run dir>/points: nothing recomputed
+    assert json.loads((run_dir / "pareto.json").read_text())["pick"] == res["pick"]
