@@ -4,6 +4,7 @@ bootstrap CI) and perf (`python -m fp8eval.perf`: ITL slope, capacity, break-eve
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,11 @@ def _overrides(cfg, pt: dict) -> list[str]:
     if pt.get("scales"):
         out.append(f"kv.scales={pt['scales']}")
     return out
+
+
+def _dir_name(key: str) -> str:
+    """A directory name for a point that Hydra's override grammar takes (no '=', ',', '|' or brackets)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", key).strip("_")
 
 
 def _run(args: list[str], log_path: Path) -> int:
@@ -54,11 +60,13 @@ def recovery_ci(summary: dict) -> dict:
 
 def task_recovery(cfg, pt: dict, run_dir: Path, out) -> dict:
     """Run the task paired with the baseline for this point; recovery with its CI, or the error."""
-    d = run_dir / "recovery" / pt["key"].replace("|", "__").replace("/", "_")
+    d = run_dir / "recovery" / _dir_name(pt["key"])
     if (d / "summary.json").exists():
         return recovery_ci(json.loads((d / "summary.json").read_text(encoding="utf-8")))
-    args = ["-m", "fp8eval", *_overrides(cfg, pt), f"task={cfg.pareto.task}", f"engine={cfg.engine.kind}",
-            f"hydra.run.dir={d}", *cfg.pareto.task_overrides]
+    extra = list(cfg.pareto.task_overrides)
+    engine = [] if any(o.startswith("engine=") for o in extra) else [f"engine={cfg.engine.kind}"]
+    args = ["-m", "fp8eval", *_overrides(cfg, pt), f"task={cfg.pareto.task}", *engine, f"hydra.run.dir={d}",
+            f"records_dir={d / 'records'}", *extra]
     out(f"pareto: task recovery for {pt['key']}: python {' '.join(args)}")
     rc = _run(args, d / "run.log")
     if rc != 0 or not (d / "summary.json").exists():
@@ -79,7 +87,7 @@ def _find(obj, key: str):
 
 def perf(cfg, pt: dict, run_dir: Path, out) -> dict:
     """`python -m fp8eval.perf` for this point: the variant's ITL slope, KV capacity and break-even, or the error."""
-    d = run_dir / "perf" / pt["key"].replace("|", "__").replace("/", "_")
+    d = run_dir / "perf" / _dir_name(pt["key"])
     if not (d / "perf.json").exists():
         args = ["-m", "fp8eval.perf", *_overrides(cfg, pt), f"hydra.run.dir={d}", *cfg.pareto.perf_overrides]
         out(f"pareto: perf for {pt['key']}: python {' '.join(args)}")
