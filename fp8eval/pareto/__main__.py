@@ -7,21 +7,19 @@ import sys
 from pathlib import Path
 
 import hydra
-from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from fp8eval.pareto.config import ParetoRunConfig
-from fp8eval.registry import register_configs
+from fp8eval.registry import register_wing
 
 
-def register_pareto_configs() -> None:
-    """Schemas for `python -m fp8eval.pareto` (the model/kv/engine groups of `python -m fp8eval`)."""
-    register_configs()
-    ConfigStore.instance().store(name="pareto_schema", node=ParetoRunConfig)
+def register() -> None:
+    """ConfigStore: the shared groups and `pareto_schema` (conf/pareto.yaml)."""
+    register_wing("pareto_schema", ParetoRunConfig)
 
 
-register_pareto_configs()
+register()
 
 
 def format_table(result: dict) -> str:

@@ -10,7 +10,6 @@ import time
 from fp8eval.divergence import measures as M
 from fp8eval.divergence import run as D
 from fp8eval.divergence import sources
-from fp8eval.engines import build_engine
 
 _CAPACITY = re.compile(r"KV cache size:\s*([\d,]+)\s*tokens")
 
@@ -18,16 +17,17 @@ _CAPACITY = re.compile(r"KV cache size:\s*([\d,]+)\s*tokens")
 class Probe:
     """The passages, the records root and the baseline arm's results."""
 
-    def __init__(self, cfg, docs, records, out=print):
-        self.cfg, self.docs, self.records, self.out = cfg, docs, records, out
-        self.shared: dict = {}
+    def __init__(self, cfg, door, docs, records, out=print):
+        self.cfg, self.door, self.docs, self.records, self.out = cfg, door, docs, records, out
         self.base: dict | None = None
         self.ref_engine = None
         self.kind = None
 
-    def arm(self, kv) -> tuple[dict, dict]:
-        """One arm's per-passage results (cached by fingerprint) and what its engine said (preflight, capacity)."""
-        engine = build_engine(self.cfg, kv, self.shared)
+    def arm(self, arm) -> tuple[dict, dict]:
+        """One arm's (an ArmSpec) per-passage results (cached by fingerprint) and what its engine said (preflight,
+        capacity); the engine is opened and closed through the door (fp8eval.arms)."""
+        engine = self.door.open(arm)
+        kv = arm.kv
         info: dict = {}
         try:
             kind = sources.source_kind(engine)
@@ -41,7 +41,7 @@ class Probe:
                     t = time.perf_counter()
                     got = sources.compute(engine, p.ids, int(self.cfg.divergence.topk))
                     cache.save(p, got)
-                    self.out(f"{kv.name}: {p.book} {p.length} tokens in {time.perf_counter() - t:.1f} s")
+                    self.out(f"{arm.name}: {p.book} {p.length} tokens in {time.perf_counter() - t:.1f} s")
                 data[p.key] = got
             info["fingerprint"] = fp
             pre = getattr(engine, "preflight", None)
@@ -54,15 +54,15 @@ class Probe:
                 info["kv_capacity_tokens"] = int(caps[-1].replace(",", ""))
         finally:
             if self.kind == "hidden":
-                self.ref_engine = engine
+                self.ref_engine = engine  # the shared model stays loaded for lm_head (closed with the door)
             else:
-                engine.close()
+                self.door.close(engine)
         return data, info
 
-    def baseline(self, kv) -> dict:
+    def baseline(self, arm) -> dict:
         """The baseline arm's results (computed on first use)."""
         if self.base is None:
-            self.base, self.base_info = self.arm(kv)
+            self.base, self.base_info = self.arm(arm)
         return self.base
 
     def compare(self, base: dict, var: dict) -> dict:

@@ -15,7 +15,7 @@ import json
 import time
 from pathlib import Path
 
-from fp8eval.arms import compose_kv
+from fp8eval.arms import arm_spec, compose_kv, open_engines
 from fp8eval.core.hashing import fingerprint_hash
 from fp8eval.core.kvformats import FORMATS, effective_skip_layers
 from fp8eval.divergence import run as divergence_run
@@ -155,8 +155,16 @@ def run(cfg, run_dir: Path, out=print) -> dict:
     probe_cfg = divergence_run._engine_cfg(dataclasses.replace(cfg, engine=engine))
     records = Path(cfg.records_dir).expanduser()
     records = records if records.is_absolute() else Path.cwd() / records
-    probe = Probe(probe_cfg, _passages(cfg, out), records, out)
-    base_kv = compose_kv(cfg.baseline, cfg.model.name)
+    with open_engines(probe_cfg) as door:
+        probe = Probe(probe_cfg, door, _passages(cfg, out), records, out)
+        errors = _measure_points(cfg, probe_cfg, probe, points, bf16_bytes, run_dir, out)
+    result = _finish(cfg, run_dir, points, layout, probe, bf16_bytes, fp, infeasible, errors, t0, out)
+    return result
+
+
+def _measure_points(cfg, probe_cfg, probe, points, bf16_bytes, run_dir: Path, out) -> dict:
+    """The divergence probe on every feasible point not measured yet (each saved under <run dir>/points)."""
+    base_arm = arm_spec(probe_cfg, compose_kv(cfg.baseline, cfg.model.name), "baseline")
     errors = {}
     for pt in points:
         pt["capacity_vs_bf16"] = bf16_bytes / pt["kv_bytes_per_token"]
@@ -167,8 +175,8 @@ def run(cfg, run_dir: Path, out=print) -> dict:
             pt.update(json.loads(saved.read_text(encoding="utf-8")))
             continue
         try:
-            base = probe.baseline(base_kv)
-            data, info = probe.arm(_point_kv(cfg, pt))
+            base = probe.baseline(base_arm)
+            data, info = probe.arm(arm_spec(probe_cfg, _point_kv(cfg, pt), "variant"))
             res = probe.compare(base, data)
         except (EngineError, ValueError) as e:
             errors[pt["key"]] = f"{type(e).__name__}: {e}"
@@ -184,6 +192,12 @@ def run(cfg, run_dir: Path, out=print) -> dict:
         pt.update(got)
         saved.write_text(json.dumps(got, indent=2) + "\n", encoding="utf-8")
         out(f"pareto: {pt['key']}: KL {got['kl']:.3e}, {pt['kv_bytes_per_token']} B/token")
+    return errors
+
+
+def _finish(cfg, run_dir: Path, points, layout, probe, bf16_bytes, fp, infeasible, errors, t0, out) -> dict:
+    """Survivors' optional steps, the frontier, the pick and its serve line; writes pareto.json (+ plot)."""
+    p = cfg.pareto
     measured = [pt for pt in points if pt.get("kl") is not None]
     survivors = sorted(measured, key=lambda q: q["kl"])[:p.survivors]
     if p.max_kl is not None:

@@ -5,13 +5,18 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
+from fp8eval.arms import ArmEngines, open_engines, resolve_arms
 from fp8eval.divergence import measures as M
 from fp8eval.sensitivity import ranking
+from fp8eval.sensitivity.cache import PassageCache, skip_key
+from fp8eval.sensitivity.cache import fingerprint as cache_fingerprint
 from fp8eval.sensitivity.config import SensitivityRunConfig, validate
+from fp8eval.sensitivity.feasible import Feasibility
 from fp8eval.sensitivity.kvstats import KVStatsAccumulator, recording_policy
-from fp8eval.sensitivity.passes import Baseline, Passes, SensitivityError, compare
+from fp8eval.sensitivity.passes import Baseline, Passes, SensitivityError, measure, replay, slice_step
 
 
 @dataclass
@@ -42,8 +47,14 @@ class Cost:
                 f"{f' (up to {self.total + self.refine * self.n_units})' if self.refine else ''}")
 
 
-def run(cfg: SensitivityRunConfig, baseline_kv, log: Callable[[str], None] = print) -> dict:
-    """Measure everything and return the sensitivity.json content (written by `outputs`)."""
+def run(cfg: SensitivityRunConfig, log: Callable[[str], None] = print) -> dict:
+    """Measure everything and return the sensitivity.json content (written by `outputs`); the arms and their
+    engines come through `fp8eval.arms` (the baseline composed by Hydra like the variant)."""
+    with open_engines(cfg) as door:
+        return _run(cfg, door, log)
+
+
+def _run(cfg: SensitivityRunConfig, door: ArmEngines, log: Callable[[str], None]) -> dict:
     s = cfg.sensitivity
     problems = validate(s)
     if problems:
@@ -52,7 +63,11 @@ def run(cfg: SensitivityRunConfig, baseline_kv, log: Callable[[str], None] = pri
     if too_long:
         raise SensitivityError(f"sensitivity.lengths {too_long} exceed model.max_model_len={cfg.model.max_model_len}")
     edges = tuple(s.edges)
-    passes = Passes(cfg, baseline_kv)
+    arms = resolve_arms(cfg)
+    if arms[0].role == "single":
+        raise SensitivityError("sensitivity compares every layer with a BF16 baseline arm: baseline=none has none; "
+                               "use baseline=bf16")
+    passes = Passes(cfg, door, arms)
     if passes.ignored_skip:
         log(f"sensitivity: kv={cfg.kv.name} skips {passes.ignored_skip}; every layer is measured, so that list "
             f"is ignored here (the recommendation replaces it)")
@@ -63,6 +78,8 @@ def run(cfg: SensitivityRunConfig, baseline_kv, log: Callable[[str], None] = pri
     cost = Cost(L, len(docs), hybrid, s.refine)
     log(cost.line(list(s.lengths), s.documents))
     passes.check_head(docs[0].ids)
+    fp, material = cache_fingerprint(cfg, passes.engine.describe(), arms[-1].kv, arms[0].kv)
+    cache = PassageCache(_records_root(cfg), fp, material)
 
     stats = KVStatsAccumulator(fmt=passes.arm.fmt)
     configs = [("full", passes.fp8_policy([]))]
@@ -71,24 +88,35 @@ def run(cfg: SensitivityRunConfig, baseline_kv, log: Callable[[str], None] = pri
     if hybrid:
         configs.append(("skip_sliding", passes.fp8_policy(["sliding_window"])))
     results = {name: M.BucketAccumulator(edges) for name, _ in configs}
-    kept: list[tuple[object, Baseline]] = []
+    step = slice_step(passes.vocab)
+    kept: list[list] = []  # [passage, its stored arrays, its Baseline (None until needed)]
     per_passage: list[dict] = []
+    reused = 0
     bar = _bar(cost.total, s.progress)
     for doc in docs:
         bar.set_description(f"{doc.book.removesuffix('.txt')}@{doc.length}")
-        base = Baseline(passes, passes.hidden(recording_policy(passes.bf16, passes.arm, stats), doc.ids),
-                        s.cache_logits_gib)
-        bar.update()
-        for name, pol in configs:
-            into = [results[name]]
-            if name == "full":
-                into.append(M.BucketAccumulator(edges))
-            compare(passes, base, passes.hidden(pol, doc.ids), *into)
+        got, base = cache.load(doc), None
+        if not all(f"{name}:kl" in got for name, _ in configs):
+            got, doc_stats = {}, KVStatsAccumulator(fmt=passes.arm.fmt)
+            base = Baseline(passes, passes.hidden(recording_policy(passes.bf16, passes.arm, doc_stats), doc.ids),
+                            s.cache_logits_gib)
+            bar.update()
+            for name, pol in configs:
+                got.update(_named(name, measure(passes, base, passes.hidden(pol, doc.ids))))
+                bar.update()
+            got.update(doc_stats.to_arrays())
+            cache.save(doc, got)
+            base.release()  # only the hidden states stay, for the re-measurement
+        else:
+            reused += 1
+            bar.update(1 + len(configs))
+        stats.merge(KVStatsAccumulator.from_arrays(got, passes.arm.fmt))
+        for name, _ in configs:
+            into = [results[name]] + ([M.BucketAccumulator(edges)] if name == "full" else [])
+            replay(_measured(name, got), step, *into)
             if name == "full":
                 per_passage.append({"book": doc.book, "length": doc.length, **into[1].overall()})
-            bar.update()
-        base.release()  # only the hidden states stay, for the re-measurement
-        kept.append((doc, base))
+        kept.append([doc, got, base])
 
     overall = {name: acc.overall() for name, acc in results.items()}
     kl_full = overall["full"]["kl_mean"]
@@ -98,18 +126,24 @@ def run(cfg: SensitivityRunConfig, baseline_kv, log: Callable[[str], None] = pri
     order = ranking.rank(scores, tiebreak=only)
     chosen = ranking.smallest_skip_set(order, scores, s.target)
     values = {i: stats.kv_values_per_token(i) for i in range(L)}
-    feas = _Feasibility(cfg, passes, s.feasibility)
+    feas = Feasibility(cfg, passes, s.feasibility)
     ranked_choice = list(chosen)
     chosen = feas.best(order, scores, s.target, values, chosen, log)
 
-    def measure(skip: list[int]) -> M.BucketAccumulator:
-        acc = M.BucketAccumulator(edges)
-        for doc, base in kept:
-            compare(passes, base, passes.hidden(passes.fp8_policy(skip), doc.ids), acc)
+    def measure_skip(skip: list[int]) -> M.BucketAccumulator:
+        acc, name = M.BucketAccumulator(edges), f"skip[{skip_key(skip)}]"
+        for entry in kept:
+            doc, got, base = entry
+            if f"{name}:kl" not in got:
+                if base is None:  # a resumed passage: its BF16 hidden states again (one more prefill)
+                    base = entry[2] = Baseline(passes, passes.hidden(passes.bf16, doc.ids), s.cache_logits_gib)
+                got.update(_named(name, measure(passes, base, passes.hidden(passes.fp8_policy(skip), doc.ids))))
+                cache.save(doc, got)
+            replay(_measured(name, got), step, acc)
             bar.update()
         return acc
 
-    with_skip = measure(chosen)
+    with_skip = measure_skip(chosen)
     steps = [{"skip": list(chosen), "kl": with_skip.overall()["kl_mean"]}]
     extra = [i for i in order if i not in chosen]
     while _removed(kl_full, steps[-1]["kl"]) < s.target and extra and len(steps) <= s.refine:
@@ -118,7 +152,7 @@ def run(cfg: SensitivityRunConfig, baseline_kv, log: Callable[[str], None] = pri
             continue  # vLLM could not serve it: the next ranked layer instead
         bar.total += len(kept)
         chosen = sorted([*chosen, nxt])
-        with_skip = measure(chosen)
+        with_skip = measure_skip(chosen)
         steps.append({"skip": list(chosen), "kl": with_skip.overall()["kl_mean"]})
     bar.close()
 
@@ -167,77 +201,21 @@ def run(cfg: SensitivityRunConfig, baseline_kv, log: Callable[[str], None] = pri
         "sliding_window": ranking.sliding_verdict(layers, order, list(chosen), scores, kl_full, kl_sliding),
         "ignored_kv_skip_layers": passes.ignored_skip,
         "edges": list(edges),
+        "fingerprint": fp, "cache": str(cache.dir), "passages_reused": reused,
     }
 
 
-class _Feasibility:
-    """Whether vLLM can serve a skip list (fp8eval.feasibility), memoised; `mode` is sensitivity.feasibility."""
+def _named(name: str, measured) -> dict:
+    return {f"{name}:kl": measured[0], f"{name}:top1": measured[1], f"{name}:dlogp": measured[2]}
 
-    def __init__(self, cfg, passes, mode: str):
-        from fp8eval.feasibility import Layout
 
-        self.mode = mode
-        c = passes.engine._model.config
-        c = c.get_text_config() if hasattr(c, "get_text_config") else c
-        types = tuple(f"sliding:{getattr(c, 'sliding_window', 0)}" if "sliding" in t else "full" for t in passes.types)
-        heads = int(getattr(c, "num_key_value_heads", None) or c.num_attention_heads)
-        head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
-        self.layout = Layout(types, heads, head_dim)
-        self.cache_dtype = passes.engine.cache_dtype
-        self.full = [i for i, t in enumerate(types) if t == "full"]
-        self.known: dict[tuple, object] = {}
-        self.rejected: list[list[int]] = []
+def _measured(name: str, got: dict):
+    return got[f"{name}:kl"], got[f"{name}:top1"], got[f"{name}:dlogp"]
 
-    def _python(self):
-        if self.mode in ("auto", "oracle"):
-            from fp8eval.engines.vllm.args import vllm_python
 
-            return vllm_python()
-        return None
-
-    def _check(self, cands: list[list[int]]) -> None:
-        from fp8eval.feasibility import check_many, rule_check
-
-        todo = [c for c in cands if tuple(c) not in self.known]
-        if not todo:
-            return
-        if self.mode == "off":
-            got = [None] * len(todo)
-        elif self.mode == "rule":
-            got = [rule_check(self.layout, self.cache_dtype, c) for c in todo]
-        else:
-            got = check_many(self.layout, [(self.cache_dtype, c) for c in todo], self._python())
-        for c, v in zip(todo, got):
-            self.known[tuple(c)] = v
-
-    def ok(self, skip: list[int]) -> bool:
-        """Feasible (always, with sensitivity.feasibility=off)."""
-        self._check([skip])
-        v = self.known[tuple(skip)]
-        if v is not None and not v.feasible:
-            self.rejected.append(list(skip))
-        return v is None or v.feasible
-
-    def best(self, order, scores, target, values, chosen, log) -> list[int]:
-        """The ranked choice if vLLM can serve it, else the best feasible list (ranking.best_feasible)."""
-        if self.mode == "off" or self.ok(list(chosen)):
-            return list(chosen)
-        opts = ranking.feasible_options(order, self.full)
-        self._check(opts)
-        feasible = {tuple(o): (self.known[tuple(o)] is None or self.known[tuple(o)].feasible) for o in opts}
-        best = ranking.best_feasible(opts, feasible, scores, target, values)
-        why = self.known[tuple(chosen)].reason
-        if best is None:
-            raise SensitivityError(f"no skip list vLLM can serve was found for kv={self.cache_dtype} ({why})")
-        log(f"sensitivity: the ranked skip list {list(chosen)} cannot be served ({why}); recommending the best "
-            f"feasible one instead: {best}")
-        return best
-
-    def summary(self, chosen: list[int]) -> dict:
-        """What sensitivity.json says about feasibility."""
-        v = self.known.get(tuple(chosen))
-        return {"mode": self.mode, "how": v.how if v else None, "reason": v.reason if v else "not checked",
-                "checked": len(self.known), "rejected": self.rejected}
+def _records_root(cfg) -> Path:
+    root = Path(cfg.records_dir).expanduser()
+    return root if root.is_absolute() else Path.cwd() / root
 
 
 def _removed(kl_full: float, kl: float) -> float:
@@ -249,9 +227,3 @@ def _bar(total: int, enabled: bool):
 
     return tqdm(total=total, unit="pass", disable=not enabled, file=sys.stderr, dynamic_ncols=True)
 
-
-def baseline_kv(name: str, model_name: str):
-    """The baseline kv option, composed by Hydra as `python -m fp8eval` composes its baseline arm."""
-    from fp8eval.arms import compose_kv
-
-    return compose_kv(name, model_name)
