@@ -192,7 +192,16 @@ def _measure_points(cfg, probe_cfg, probe, points, bf16_bytes, run_dir: Path, ou
         pt.update(got)
         saved.write_text(json.dumps(got, indent=2) + "\n", encoding="utf-8")
         out(f"pareto: {pt['key']}: KL {got['kl']:.3e}, {pt['kv_bytes_per_token']} B/token")
+        _partial(run_dir, cfg, points, probe, errors)
     return errors
+
+
+def _partial(run_dir: Path, cfg, points, probe, errors) -> None:
+    """pareto.json while the sweep runs (complete: false): a sweep cut short still shows what it measured."""
+    (run_dir / "pareto.json").write_text(json.dumps({
+        "schema": SCHEMA, "complete": False, "model": cfg.model.name, "engine": resolve_kind(cfg),
+        "baseline": cfg.baseline, "baseline_info": getattr(probe, "base_info", None), "points": points,
+        "errors": errors, "frontier": [], "pick": None}, indent=2) + "\n", encoding="utf-8")
 
 
 def _finish(cfg, run_dir: Path, points, layout, probe, bf16_bytes, fp, infeasible, errors, t0, out) -> dict:
@@ -214,7 +223,7 @@ def _finish(cfg, run_dir: Path, points, layout, probe, bf16_bytes, fp, infeasibl
     pickable = [pt for pt in points if not (p.exclude_needs and pt.get("needs"))]
     best, why = F.pick(pickable, p.max_kl, p.min_recovery)
     result = {
-        "schema": SCHEMA, "fingerprint": fp, "model": cfg.model.name, "engine": resolve_kind(cfg),
+        "schema": SCHEMA, "complete": True, "fingerprint": fp, "model": cfg.model.name, "engine": resolve_kind(cfg),
         "baseline": cfg.baseline, "baseline_info": getattr(probe, "base_info", None),
         "passages": [{"book": d.book, "length": d.length, "key": d.key} for d in probe.docs], "layout": {"types": list(layout.types), "n_kv_heads": layout.n_kv_heads,
                                              "head_dim": layout.head_dim},
