@@ -165,12 +165,13 @@ def run(cfg, run_dir: Path, out=print) -> dict:
 def _measure_points(cfg, probe_cfg, probe, points, bf16_bytes, run_dir: Path, out) -> dict:
     """The divergence probe on every feasible point not measured yet (each saved under <run dir>/points)."""
     base_arm = arm_spec(probe_cfg, compose_kv(cfg.baseline, cfg.model.name), "baseline")
-    errors = {}
+    errors: dict = {}
+    _partial(run_dir, cfg, points, probe, errors)
     for pt in points:
         pt["capacity_vs_bf16"] = bf16_bytes / pt["kv_bytes_per_token"]
         if not pt["feasible"]:
             continue
-        saved = run_dir / "points" / f"{fingerprint_hash(pt['key'])[:16]}.json"
+        saved = run_dir / "points" / f"{_point_fingerprint(probe_cfg, pt['key'], probe.docs)[:16]}.json"
         if saved.exists():
             pt.update(json.loads(saved.read_text(encoding="utf-8")))
             continue
@@ -194,6 +195,16 @@ def _measure_points(cfg, probe_cfg, probe, points, bf16_bytes, run_dir: Path, ou
         out(f"pareto: {pt['key']}: KL {got['kl']:.3e}, {pt['kv_bytes_per_token']} B/token")
         _partial(run_dir, cfg, points, probe, errors)
     return errors
+
+
+def _point_fingerprint(probe_cfg, key: str, docs) -> str:
+    """What a saved point's result depends on: the model, the engine settings (prefill chunk included), the
+    baseline, the divergence settings, the passages' content and the point itself (not the other points, the
+    targets or the plot)."""
+    return fingerprint_hash({"schema": SCHEMA, "key": key, "passages": [d.key for d in docs],
+                             "model": dataclasses.asdict(probe_cfg.model),
+                             "engine": dataclasses.asdict(probe_cfg.engine), "baseline": probe_cfg.baseline,
+                             "divergence": dataclasses.asdict(probe_cfg.divergence)})
 
 
 def _partial(run_dir: Path, cfg, points, probe, errors) -> None:
