@@ -241,3 +241,22 @@ def test_pareto_cli_on_the_reference_engine_resumes(tmp_path):
     assert r2.returncode == 0
     assert "tokens in" not in r2.stderr  # every point came from <run dir>/points: nothing recomputed
     assert json.loads((run_dir / "pareto.json").read_text())["pick"] == res["pick"]
+
+
+def test_sensitivity_replaces_an_unservable_skip_list():
+    from types import SimpleNamespace as NS
+
+    from fp8eval.sensitivity.feasible import Feasibility
+
+    types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(18)]
+    config = NS(sliding_window=512, num_key_value_heads=1, head_dim=256, num_attention_heads=4, hidden_size=640)
+    passes = NS(engine=NS(_model=NS(config=config), cache_dtype="fp8"), types=types)
+    feas = Feasibility(None, passes, "rule")
+    order = [12, 13, 14, 16, 17, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 15]
+    scores = {i: (10.0 if i in (12, 13, 14, 16, 17) else 1.0) for i in range(18)}
+    said = []
+    best = feas.best(order, scores, 0.5, {i: 1 for i in range(18)}, [12, 13, 14, 16, 17], said.append)
+    assert best != [12, 13, 14, 16, 17] and rule_check(GEMMA, "fp8", [str(i) for i in best]).feasible
+    assert said and "cannot be served" in said[0]
+    assert feas.summary(best)["rejected"] == [[12, 13, 14, 16, 17]]
+    assert Feasibility(None, passes, "off").best(order, scores, 0.5, {}, [12, 17], said.append) == [12, 17]
