@@ -116,10 +116,17 @@ class EngineConfig:
     # server. An arm not listed uses base_url.
     base_urls: dict[str, Any] = field(default_factory=dict)
     api_key_env: str = "OPENAI_API_KEY"  # name of the environment variable; the key is never written
+    organization: Optional[str] = None  # the OpenAI SDK's organization (header OpenAI-Organization)
+    # Extra HTTP headers on every request, as the SDK's default_headers (values are redacted in files and
+    # logs when the header name says it carries a secret: fp8eval.core.secrets).
+    default_headers: dict[str, str] = field(default_factory=dict)
     served_model_name: Optional[str] = None
     concurrency: int = 8
+    # Overall deadline of one request attempt (connect + the whole answer), also the read timeout; > 0.
     request_timeout_s: float = 3600.0  # long enough for a 32k-token generation on a loaded server
     max_retries: int = 5
+    # Replica pools: a replica that fails this many requests in a row while its /health answers is ejected.
+    eject_after: int = 3
     startup_timeout_s: float = 1200.0
     trust_declared_kv: bool = False
     extra_flags: list[str] = field(default_factory=list)

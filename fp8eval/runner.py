@@ -18,6 +18,7 @@ from fp8eval.arms import ArmSpec, open_engines, resolve_arms
 from fp8eval.config import RunConfig, SamplingConfig, kv_fingerprint_view
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.reasoning import split_reasoning
+from fp8eval.core.secrets import redact_obj
 from fp8eval.core.seeds import derive_seed
 from fp8eval.engines.attention import check as check_attention_backend
 from fp8eval.engines.base import Request
@@ -242,6 +243,8 @@ class Runner:
         stats = engine.prefill_stats() if sent and hasattr(engine, "prefill_stats") else None
         if stats:  # this invocation's prefill work, from the engine's own counters
             summary["engine_prefill"] = stats
+        if hasattr(engine, "pool_stats"):  # a replica pool: replicas dropped or ejected, failures per replica
+            summary["replica_pool"] = engine.pool_stats()
         summary.update(task.summarize(summary, view.records))
         return summary
 
@@ -430,7 +433,7 @@ class Runner:
                 summary["recovery"][key] = value_recovery(b, v)
         summary["wall_s"] = round(time.perf_counter() - t0, 2)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n",
+        (self.run_dir / "summary.json").write_text(json.dumps(redact_obj(summary), indent=2, sort_keys=False) + "\n",
                                                    encoding="utf-8")
         return summary
 

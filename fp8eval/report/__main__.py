@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from fp8eval.core.secrets import guard_std_streams
 from fp8eval.metrics.pairing import PairingError
 from fp8eval.report import write_report
 from fp8eval.report.load import ReportInputError
@@ -75,4 +76,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    guard_std_streams()  # every line printed, Hydra's errors included, is redacted (fp8eval.core.secrets)
     sys.exit(main())
