@@ -67,13 +67,18 @@ class KVConfig:
     # accumulation of P.V: exact | fast_fp8 (an FP8 tensor-core MMA, partial sums promoted to FP32 every 4,096
     # keys) | fa3_unfixed (the same MMA never promoted across the context: the seed's unfixed FA3 kernel)
     accumulation: str = "exact"
+    # int8_per_token_head only (reference engine): how the kernel rounds to int8. half_away: +-0.5 then the
+    # truncating store (vLLM's kernel after its rounding fix); trunc: the bare truncating store (toward zero) of
+    # releases before it. Which one the installed vLLM has is what the H200 run tells (docs/kv-formats.md).
+    int8_rounding: str = "half_away"
     # Legacy spelling of attention=qp_unit_scale (kept so existing records keep their fingerprint).
     quantize_attention: bool = False
 
 
 # The emulation every record made before kv.attention / kv.accumulation existed had: at these values the
 # fields stay out of fingerprints, so those records keep theirs (see `kv_fingerprint_view`).
-KV_EMULATION_DEFAULTS = {"attention": "kv_only", "accumulation": "exact"}
+KV_EMULATION_DEFAULTS = {"attention": "kv_only", "accumulation": "exact", "int8_rounding": "half_away"}
+INT8_ROUNDINGS = ("half_away", "trunc")
 _BF16_CACHE = ("auto", "bfloat16", "bf16", "float16", "half")
 
 

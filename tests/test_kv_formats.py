@@ -75,6 +75,8 @@ def test_fp8_per_token_head_rounding():
 def test_int8_per_token_head_rounds_half_away_from_zero():
     x = torch.tensor([[127.0, 0.5, -0.5, 1.5, -2.5, 63.49]])  # amax 127 -> scale 1
     assert E.per_token_head_roundtrip(x, "int8").tolist() == [[127.0, 1.0, -1.0, 2.0, -3.0, 63.0]]
+    # Releases before the +-0.5 fix: the int8 store alone, toward zero (kv.int8_rounding=trunc).
+    assert E.per_token_head_roundtrip(x, "int8", "trunc").tolist() == [[127.0, 0.0, 0.0, 1.0, -2.0, 63.0]]
 
 
 def test_int4_asymmetric_zero_point_and_scale_bits():

