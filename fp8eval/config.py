@@ -71,13 +71,17 @@ class KVConfig:
     # truncating store (vLLM's kernel after its rounding fix); trunc: the bare truncating store (toward zero) of
     # releases before it. Which one the installed vLLM has is what the H200 run tells (docs/kv-formats.md).
     int8_rounding: str = "half_away"
+    # int4_per_token_head only (reference engine): the randomized Hadamard rotation before quantizing (the current
+    # kernel), or none (an earlier revision of it quantized K/V unrotated).
+    int4_rht: bool = True
     # Legacy spelling of attention=qp_unit_scale (kept so existing records keep their fingerprint).
     quantize_attention: bool = False
 
 
 # The emulation every record made before kv.attention / kv.accumulation existed had: at these values the
 # fields stay out of fingerprints, so those records keep theirs (see `kv_fingerprint_view`).
-KV_EMULATION_DEFAULTS = {"attention": "kv_only", "accumulation": "exact", "int8_rounding": "half_away"}
+KV_EMULATION_DEFAULTS = {"attention": "kv_only", "accumulation": "exact", "int8_rounding": "half_away",
+                         "int4_rht": True}
 INT8_ROUNDINGS = ("half_away", "trunc")
 _BF16_CACHE = ("auto", "bfloat16", "bf16", "float16", "half")
 

@@ -89,6 +89,11 @@ def test_int4_asymmetric_zero_point_and_scale_bits():
     assert out[0].tolist() == [-5 * read, 10 * read, read, 0.0]
 
 
+def test_int4_without_rotation_is_the_bare_quantizer():
+    y = torch.tensor([[-1.0, 2.0, 0.1, 0.0]])
+    assert torch.equal(E.int4_per_token_head_roundtrip(y, rht=False), E.int4_asymmetric(y))
+
+
 def test_int4_rht_is_undone():
     torch.manual_seed(0)
     x = torch.randn(3, 96)  # 96 = 3 blocks of 32: the transform works block-diagonally

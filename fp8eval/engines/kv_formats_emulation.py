@@ -16,6 +16,8 @@ Each rule was read from vLLM's kernels (paths relative to vllm/):
   0, 15), q = clamp(round(y / scale + zp), 0, 15), rounding half away from zero; zp is hidden in the low 4
   mantissa bits of the stored FP32 scale, so the read scale has those bits cleared. The kernel attends in the
   rotated space (Q rotated, output rotated back, scale / b): the same as attending over d * H (y_hat) / b.
+  An earlier revision (in the search index) quantized unrotated: `kv.int4_rht=false`, kv option
+  int4_per_token_head_norht.
 - TurboQuant (model_executor/layers/quantization/turboquant/, v1/attention/ops/triton_turboquant_store.py,
   triton_turboquant_decode.py, v1/attention/backends/turboquant_attn.py): keys either FP8 e4m3 at scale 1
   (`k8`) or, for 3/4-bit keys, norm = ||k||, y = (k / (norm + 1e-8)) H (H the orthonormal D x D Hadamard),
@@ -112,10 +114,13 @@ def _rht(x: torch.Tensor, inverse: bool) -> torch.Tensor:
     return y.reshape(x.shape)
 
 
-def int4_per_token_head_roundtrip(x: torch.Tensor, model_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+def int4_per_token_head_roundtrip(x: torch.Tensor, model_dtype: torch.dtype = torch.bfloat16,
+                                  rht: bool = True) -> torch.Tensor:
     """int4_per_token_head: rotate (the rotated K/V cast to the model dtype, as vLLM does), asymmetric 4-bit per row
     with the zero point in the scale's low bits, read back and rotated back (the kernel's attention in the rotated
     space, expressed on the unrotated K/V)."""
+    if not rht:  # an earlier revision of the kernel: the same quantizer on the unrotated K/V
+        return int4_asymmetric(x.float()).to(x.dtype)
     b = _pow2_block(x.shape[-1])
     y = _rht(x.float(), inverse=False).to(model_dtype).float()
     return (_rht(int4_asymmetric(y), inverse=True) / b).to(x.dtype)
@@ -238,14 +243,15 @@ def ds_mla_roundtrip(nope: torch.Tensor, rope: torch.Tensor) -> tuple[torch.Tens
 
 
 # kv_cache_dtype -> (key round trip, value round trip); the model's attention then runs exactly.
-def roundtrips(cache_dtype: str, global_scale: float = 1.0, int8_rounding: str = "half_away"):
+def roundtrips(cache_dtype: str, global_scale: float = 1.0, int8_rounding: str = "half_away", int4_rht: bool = True):
     """The (K, V) read-back functions of a format the reference engine emulates; ValueError for any other."""
     if cache_dtype in ("fp8_per_token_head", "int8_per_token_head"):
         kind = cache_dtype.split("_")[0]
         f = functools.partial(per_token_head_roundtrip, kind=kind, int8_rounding=int8_rounding)
         return f, f
     if cache_dtype == "int4_per_token_head":
-        return int4_per_token_head_roundtrip, int4_per_token_head_roundtrip
+        f = functools.partial(int4_per_token_head_roundtrip, rht=int4_rht)
+        return f, f
     if cache_dtype in TQ_PRESETS:
         kb, vb, nc = TQ_PRESETS[cache_dtype]
         return functools.partial(tq_key_roundtrip, bits=kb, norm_correction=nc), functools.partial(tq_value_roundtrip, bits=vb)

@@ -36,6 +36,7 @@ class KVPolicy:
     attention: str = "kv_only"  # kv_only | fa3_fp8 | qp_unit_scale (fp8eval/engines/attention_emulation.py)
     accumulation: str = "exact"  # exact | fast_fp8 | fa3_unfixed
     int8_rounding: str = "half_away"  # int8_per_token_head: half_away | trunc
+    int4_rht: bool = True  # int4_per_token_head: rotate first (current kernel) or not (an earlier one)
 
     @property
     def attention_mode(self) -> str:
@@ -102,7 +103,8 @@ class KVPolicy:
         """Round the new positions through one of vLLM's other formats; for TurboQuant, the first prefill chunk and any later
         one of more than TQ_CHUNK_RAW_ABOVE tokens attend to their own raw K/V (the cache keeps the quantized ones):
         only chunks of at most 128 tokens after the first, and decode, read their own tokens back from the cache."""
-        round_k, round_v = formats.roundtrips(self.cache_dtype, int8_rounding=self.int8_rounding)
+        round_k, round_v = formats.roundtrips(self.cache_dtype, int8_rounding=self.int8_rounding,
+                                              int4_rht=self.int4_rht)
         total = key.shape[-2]
         k_new, v_new = key.narrow(-2, total - n, n), value.narrow(-2, total - n, n)
         raw = None

@@ -210,6 +210,7 @@ class ReferenceEngine:
             attention=self.kv.attention,
             accumulation=self.kv.accumulation,
             int8_rounding=self.kv.int8_rounding,
+            int4_rht=bool(self.kv.int4_rht),
         )
 
     # --- prompts ------------------------------------------------------------------------------------

@@ -71,12 +71,13 @@ step() {
 # its arms, and their BF16 baseline, run chunked; the other formats in one prefill (pareto.prefill_chunk=null), so a
 # vLLM that refuses prompt_logprobs with chunked prefill costs only the TurboQuant steps.
 PLAIN="[fp8,int8_per_token_head,fp8_per_token_head,int4_per_token_head]"
-# The reference steps add int8_per_token_head_trunc: the same cache emulated with the older kernel's truncating
-# int8 store, so the table says which rule vLLM 0.26.0 has (its row is set against int8_per_token_head's kernel).
-REF_PLAIN="[fp8,int8_per_token_head,int8_per_token_head_trunc,fp8_per_token_head,int4_per_token_head]"
+# The reference steps add int8_per_token_head_trunc and int4_per_token_head_norht: the same caches emulated as earlier
+# revisions of the kernels stored them (truncating int8 store; int4 without the rotation), so the table says which
+# rule vLLM 0.26.0 has (their rows are set against their format's kernel row).
+REF_PLAIN="[fp8,int8_per_token_head,int8_per_token_head_trunc,fp8_per_token_head,int4_per_token_head,int4_per_token_head_norht]"
 TQ="[turboquant_k8v4,turboquant_4bit_nc,turboquant_3bit_nc,turboquant_k3v4_nc]"
 SMOL_PLAIN="[fp8,int8_per_token_head,int4_per_token_head]"
-SMOL_REF_PLAIN="[fp8,int8_per_token_head,int8_per_token_head_trunc,int4_per_token_head]"
+SMOL_REF_PLAIN="[fp8,int8_per_token_head,int8_per_token_head_trunc,int4_per_token_head,int4_per_token_head_norht]"
 SMOL_TQ="[turboquant_k8v4,turboquant_3bit_nc]"
 GEMMA="model=gemma3-270m divergence.lengths=[$LEN] divergence.documents=1"
 SMOL="model=smollm2-135m divergence.lengths=[$LEN] divergence.documents=1"

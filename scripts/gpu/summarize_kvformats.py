@@ -51,8 +51,9 @@ def table(work: Path, model: str, vkey: str, rkey: str) -> tuple[list[str], list
     rows, js = [], []
     for key in sorted(set(vp) | set(rp) | set(skip), key=lambda k: ((vp.get(k) or rp.get(k) or skip.get(k))
                                                                      ["kv_bytes_per_token"], k)):
-        # An emulation-only variant (int8_per_token_head_trunc) is set against its format's kernel row.
-        kernel_key = key.replace("_trunc|", "|")
+        # An emulation-only variant (int8_per_token_head_trunc, int4_per_token_head_norht) is set against its
+        # format's kernel row.
+        kernel_key = key.replace("_trunc|", "|").replace("_norht|", "|")
         a, b = vp.get(kernel_key) or skip.get(kernel_key) or {}, rp.get(key) or {}
         backend = ((a.get("preflight") or {}).get("attention_backend")) or "-"
         cap = a.get("kv_capacity_tokens")
