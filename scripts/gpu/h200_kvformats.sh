@@ -92,7 +92,7 @@ NOSKIP_FEAS="pareto.feasibility=off"
 
 # A point already measured is kept under hydra.run.dir/points: a step cut by its timeout loses only the point in flight.
 step vllm_gemma 130 50 $PY -m fp8eval.pareto $COMMON $GEMMA $VLLM $NOCHUNK $NOSKIP_FEAS "pareto.formats=$PLAIN" "hydra.run.dir=$WORK/vllm_gemma"
-step ref_gemma 45 20 $PY -m fp8eval.pareto $COMMON $GEMMA engine=reference $NOCHUNK $NOSKIP_FEAS "pareto.formats=$REF_PLAIN" "hydra.run.dir=$WORK/ref_gemma"
+step ref_gemma 60 25 $PY -m fp8eval.pareto $COMMON $GEMMA engine=reference $NOCHUNK $NOSKIP_FEAS "pareto.formats=$REF_PLAIN" "hydra.run.dir=$WORK/ref_gemma"
 step vllm_gemma_tq 130 50 $PY -m fp8eval.pareto $COMMON $GEMMA $VLLM "pareto.formats=$TQ" $TQ_FEAS "hydra.run.dir=$WORK/vllm_gemma_tq"
 step ref_gemma_tq 45 20 $PY -m fp8eval.pareto $COMMON $GEMMA engine=reference "pareto.formats=$TQ" $TQ_FEAS "hydra.run.dir=$WORK/ref_gemma_tq"
 step facts 90 20 $PY scripts/gpu/kvformats_facts.py "$WORK/facts.json"
