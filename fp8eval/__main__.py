@@ -22,7 +22,8 @@ from fp8eval.core.secrets import guard_std_streams, redact_files, redact_obj
 from fp8eval.overrides import check_overrides, free_dict_overrides
 from fp8eval.registry import register_configs
 from fp8eval.report import write_report
-from fp8eval.runner import Runner, format_table
+from fp8eval.runner import Runner
+from fp8eval.table import format_table
 
 register_configs()
 
@@ -84,7 +85,8 @@ def _run_suite(typed, run_dir: Path) -> None:
         summaries[name] = _run_one(OmegaConf.to_object(composed), sub)
     suite = {"model": typed.model.name, "task": f"suite:{typed.suite.name}", "suite": list(typed.suite.tasks),
              "tasks": {n: str(run_dir / n / "summary.json") for n in summaries},
-             "recovery": {n: (s.get("recovery") or {}).get("overall") for n, s in summaries.items()}}
+             "recovery": {n: (s.get("recovery") or {}).get("overall") for n, s in summaries.items()},
+             "verdict": {n: ((s.get("verdict") or {}).get("overall") or {}).get("verdict") for n, s in summaries.items()}}
     (run_dir / "suite.json").write_text(json.dumps(redact_obj(suite), indent=2) + "\n", encoding="utf-8")
 
 
