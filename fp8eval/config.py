@@ -79,15 +79,25 @@ class KVConfig:
     # see fp8eval/engines/attention_emulation.py. fa3_fp8 is the default: of the three it came closest to
     # the real FA3 kernel's divergence on an H200, in every position bucket (docs/gpu-validation.md).
     attention: str = "fa3_fp8"
-    # accumulation of P.V: exact | fast_fp8 (an FP8 tensor-core MMA without two-level promotion)
+    # accumulation of P.V: exact | fast_fp8 (an FP8 tensor-core MMA, partial sums promoted to FP32 every 4,096
+    # keys) | fa3_unfixed (the same MMA never promoted across the context: the seed's unfixed FA3 kernel)
     accumulation: str = "exact"
+    # int8_per_token_head only (reference engine): how the kernel rounds to int8. half_away: +-0.5 then the
+    # truncating store (vLLM's kernel after its rounding fix); trunc: the bare truncating store (toward zero) of
+    # releases before it. Which one the installed vLLM has is what the H200 run tells (docs/kv-formats.md).
+    int8_rounding: str = "half_away"
+    # int4_per_token_head only (reference engine): the randomized Hadamard rotation before quantizing (the current
+    # kernel), or none (an earlier revision of it quantized K/V unrotated).
+    int4_rht: bool = True
     # Legacy spelling of attention=qp_unit_scale (kept so existing records keep their fingerprint).
     quantize_attention: bool = False
 
 
 # The emulation every record made before kv.attention / kv.accumulation existed had: at these values the
 # fields stay out of fingerprints, so those records keep theirs (see `kv_fingerprint_view`).
-KV_EMULATION_DEFAULTS = {"attention": "kv_only", "accumulation": "exact"}
+KV_EMULATION_DEFAULTS = {"attention": "kv_only", "accumulation": "exact", "int8_rounding": "half_away",
+                         "int4_rht": True}
+INT8_ROUNDINGS = ("half_away", "trunc")
 _BF16_CACHE = ("auto", "bfloat16", "bf16", "float16", "half")
 
 
@@ -126,7 +136,7 @@ def kv_fingerprint_view(kv: dict) -> dict:
     return out
 # The reference engine's FP8 attention emulations (fp8eval/engines/attention_emulation.py).
 ATTENTION_MODES = ("kv_only", "fa3_fp8", "qp_unit_scale")
-ACCUMULATION_MODES = ("exact", "fast_fp8")
+ACCUMULATION_MODES = ("exact", "fast_fp8", "fa3_unfixed")
 
 
 @dataclass

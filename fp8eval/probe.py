@@ -102,7 +102,12 @@ def emulated_errors(p: torch.Tensor, v: torch.Tensor, ref: torch.Tensor, bits: i
         promoted += fast_fp8_matmul(pc[g:g + 64], vc[g:g + 64], bits=bits, align=align).sum(0, dtype=torch.float32)
     if head < length:
         promoted += fast_fp8_matmul(p[:, head:], v[head:], bits=bits, align=align)
-    return {"emulated_fast_fp8": _rel(fast, ref), "emulated_promoted": _rel(promoted, ref)}
+    # kv.accumulation=fa3_unfixed: one reduced-precision accumulator over the whole sum, never promoted (the
+    # seed's FA3 before its two-level fix), next to fast_fp8's promotion every FAST_ACC_PROMOTE_EVERY keys.
+    unfixed = fast if length <= FAST_ACC_PROMOTE_EVERY else fast_fp8_matmul(p, v, bits=bits, align=align,
+                                                                             promote_every=None)
+    return {"emulated_fast_fp8": _rel(fast, ref), "emulated_promoted": _rel(promoted, ref),
+            "emulated_fa3_unfixed": _rel(unfixed, ref)}
 
 
 def probe(lengths: list[int], emulate_only: bool, seeds: int = 3, bits: int = FAST_ACC_BITS,
@@ -129,7 +134,8 @@ def probe(lengths: list[int], emulate_only: bool, seeds: int = 3, bits: int = FA
                 errs.update(hardware_errors(p, v, ref))
             for k, e in errs.items():
                 per_seed.setdefault(k, []).append(e)
-        for k in ("emulated_fast_fp8", "emulated_promoted", *(() if emulate_only else HARDWARE)):
+        for k in ("emulated_fast_fp8", "emulated_promoted", "emulated_fa3_unfixed",
+                  *(() if emulate_only else HARDWARE)):
             vals = per_seed.get(k)
             curves.setdefault(k, []).append(sorted(vals)[len(vals) // 2] if vals else None)
     result = {

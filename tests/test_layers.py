@@ -116,6 +116,7 @@ def test_lower_rooms_never_import_the_runner_report_or_clis():
 RANKS = {
     "core": 0, "__init__": 0,
     "config": 1, "validate": 1, "bounds": 1, "quant": 1, "models": 1, "scales": 1,  # dataclasses, input checks, files
+    "feasibility": 1,  # can vLLM serve a skip list (core.kvformats + vLLM in a subprocess)
     "metrics": 2,
     "scoring": 3, "sandbox": 3,
     "tasks": 4,
@@ -127,6 +128,7 @@ RANKS = {
     "registry": 9,
     "calibrate": 10, "divergence": 10, "perf": 10, "power": 10, "probe": 10, "knobaudit": 10,  # the wings
     "sensitivity": 11,  # builds on divergence's measures and passages
+    "pareto": 11,  # every KV format on one frontier: divergence's probe through the door
     "__main__": 12, "hydra_callbacks": 12,
 }
 # The one import allowed to run back up: the `${calibrated:<strategy>}` resolver that every Hydra CLI shares

@@ -13,6 +13,10 @@ class DivergenceConfig:
     # Passage lengths in tokens (BOS included); each length gets `documents` passages of the shipped books.
     lengths: list[int] = field(default_factory=lambda: [1024, 2048, 4096, 8192])
     documents: int = 1
+    # The user's own texts besides the books (0 documents: only these): files, each a text, or .jsonl files of
+    # prompts (a string, or {"prompt"|"text"|"content": ...}, or {"messages": [...]}) a line. Each text is cut to
+    # every length it reaches; a text shorter than all lengths is used whole (counted in divergence.json).
+    texts: list[str] = field(default_factory=list)
     # vllm engine: log-probabilities per position from vLLM's prompt_logprobs (vLLM's max_logprobs is raised
     # to match when above its default 20). The reference engine compares full vocabularies (exact).
     topk: int = 20

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -54,3 +56,66 @@ def passages(tokenizer, lengths: list[int], documents: int) -> list[Passage]:
                                  f"divergence.lengths asks for {length}")
             out.append(Passage(length, d, book, offset, tuple(int(i) for i in ids[:length])))
     return out
+
+
+def read_texts(paths: list[str]) -> list[tuple[str, str]]:
+    """The user's own texts: a `.jsonl` file gives one text per line (a JSON string, or an object with one of the
+    fields prompt, text, content, or OpenAI-style messages whose contents are joined), any other file is one text.
+    Returns (name, text) pairs, name = file name (and line number); ValueError for a missing file or a bad line."""
+    out = []
+    for raw in paths:
+        path = Path(str(raw)).expanduser()
+        if not path.is_file():
+            raise ValueError(f"divergence.texts: no such file: {raw}")
+        if path.suffix != ".jsonl":
+            out.append((path.name, path.read_text(encoding="utf-8", errors="replace")))
+            continue
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except ValueError as e:
+                raise ValueError(f"divergence.texts: {path.name} line {n} is not JSON ({e})") from None
+            text = _text_of(obj)
+            if text is None:
+                raise ValueError(f"divergence.texts: {path.name} line {n} has none of the fields "
+                                 f"{', '.join(TEXT_FIELDS)} (or messages)")
+            out.append((f"{path.name}:{n}", text))
+    return out
+
+
+TEXT_FIELDS = ("prompt", "text", "content")
+
+
+def _text_of(obj) -> str | None:
+    if isinstance(obj, str):
+        return obj
+    if not isinstance(obj, dict):
+        return None
+    for k in TEXT_FIELDS:
+        if isinstance(obj.get(k), str):
+            return obj[k]
+    msgs = obj.get("messages")
+    if isinstance(msgs, list):
+        parts = [m.get("content") for m in msgs if isinstance(m, dict) and isinstance(m.get("content"), str)]
+        return "\n\n".join(parts) if parts else None
+    return None
+
+
+def text_passages(tokenizer, texts: list[tuple[str, str]], lengths: list[int]) -> tuple[list[Passage], dict]:
+    """Passages from the user's texts: each text cut to every requested length it reaches; a text shorter than
+    every length is used whole (its own length), one shorter than 2 tokens is skipped. Returns the passages and
+    the counts {texts, passages, used_whole, skipped_short}, so nothing is dropped unseen."""
+    out, whole, short = [], 0, 0
+    for name, text in texts:
+        ids = tokenizer(text, add_special_tokens=True)["input_ids"]
+        reach = [n for n in lengths if n <= len(ids)]
+        if not reach:
+            if len(ids) < 2:
+                short += 1
+                continue
+            reach, whole = [len(ids)], whole + 1
+        for i, n in enumerate(reach):
+            out.append(Passage(n, i, name, 0, tuple(int(t) for t in ids[:n])))
+    return out, {"texts": len(texts), "passages": len(out), "used_whole": whole, "skipped_short": short}

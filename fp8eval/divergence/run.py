@@ -24,7 +24,7 @@ from fp8eval.core.hashing import canonical_json, fingerprint_hash
 from fp8eval.core.secrets import redact_obj
 from fp8eval.divergence import measures as M
 from fp8eval.divergence import sources
-from fp8eval.divergence.documents import Passage, load_tokenizer, passages
+from fp8eval.divergence.documents import Passage, load_tokenizer, passages, read_texts, text_passages
 from fp8eval.engines import resolve_kind
 
 SCHEMA = 1
@@ -239,7 +239,17 @@ def _run(cfg, run_dir: Path, door: ArmEngines, out) -> dict:
     if too_long:
         out(f"skipped lengths {too_long}: above model.max_model_len - 1 = {limit} (never truncated)")
     lengths = [n for n in dcfg.lengths if n <= limit]
-    docs = passages(load_tokenizer(cfg.model), lengths, int(dcfg.documents))
+    tok = load_tokenizer(cfg.model)
+    docs = passages(tok, lengths, int(dcfg.documents)) if int(dcfg.documents) > 0 else []
+    text_counts = None
+    if dcfg.texts:
+        own, text_counts = text_passages(tok, read_texts(list(dcfg.texts)), [n for n in lengths])
+        out(f"divergence.texts: {text_counts['texts']} text(s) -> {text_counts['passages']} passage(s) "
+            f"({text_counts['used_whole']} used whole, shorter than every length; {text_counts['skipped_short']} "
+            f"skipped, under 2 tokens)")
+        docs += own
+    if not docs:
+        raise ValueError("divergence: no passage to measure (divergence.documents=0 and no divergence.texts)")
     data: dict[str, dict[str, dict]] = {}
     arm_info: dict[str, dict] = {}
     ref_engine = None
@@ -284,6 +294,8 @@ def _run(cfg, run_dir: Path, door: ArmEngines, out) -> dict:
                                  "kl": "KL(baseline || control) in nats, mean over positions", **floor,
                                  "kl_ratio": {"buckets": ratio, "overall": _ratio(result["overall"]["kl_mean"],
                                                                                   floor["overall"]["kl_mean"])}}
+    if text_counts is not None:
+        result["texts"] = {"files": [str(t) for t in dcfg.texts], **text_counts}
     result["elapsed_s"] = round(time.perf_counter() - t0, 2)
     (run_dir / "divergence.json").write_text(json.dumps(redact_obj(result), indent=2) + "\n", encoding="utf-8")
     if dcfg.plot:

@@ -67,6 +67,7 @@ def build_engine(cfg: RunConfig, arm: ArmSpec, shared: dict | None = None, kind:
     if kind not in ENGINES:
         raise EngineError(f"unknown engine kind {kind!r}; valid: auto, {', '.join(sorted(ENGINES))}")
     module, _, cls = ENGINES[kind].partition(":")
+    _say_format_notes(kind, arm)
     return getattr(importlib.import_module(module), cls)(arm_config(cfg, arm), arm, shared)
 
 
@@ -83,3 +84,22 @@ def arm_config(cfg: RunConfig, arm: ArmSpec) -> RunConfig:
     if unknown:
         raise EngineError(f"arm {arm.name}: unknown engine field(s) {', '.join(unknown)}")
     return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, **arm.engine_overrides))
+
+
+def _say_format_notes(kind: str, spec) -> None:
+    """At start, once per format and process: the hardware a KV format needs that may be missing here, and the
+    layers vLLM keeps in BF16 by itself (fp8eval.core.kvformats.start_notes)."""
+    import sys
+
+    from fp8eval.core.kvformats import start_notes
+
+    dtype = str((getattr(spec, "engine_args", None) or {}).get("kv_cache_dtype", "auto"))
+    key = (kind, dtype)
+    if key in _NOTED:
+        return
+    _NOTED.add(key)
+    for note in start_notes(dtype):
+        print(f"kv format ({kind} engine): {note}", file=sys.stderr)
+
+
+_NOTED: set = set()

@@ -20,7 +20,7 @@ from fp8eval.engines.base import EngineError
 
 # Backends this harness knows (vLLM's AttentionBackendEnum names); the first four are the axis.
 BACKENDS = ("FLASH_ATTN", "FLASHINFER", "TRITON_ATTN", "FLASHMLA", "FLASH_ATTN_MLA", "TRITON_MLA",
-            "CUTLASS_MLA", "FLEX_ATTENTION", "CPU_ATTN")
+            "CUTLASS_MLA", "FLEX_ATTENTION", "CPU_ATTN", "TURBOQUANT", "FLASHMLA_SPARSE")
 ENV_VAR = "VLLM_ATTENTION_BACKEND"
 # Spellings seen in vLLM logs and configs (squashed: upper case, letters and digits only) -> enum name.
 _ALIASES = {"FLASHATTN": "FLASH_ATTN", "FLASHATTENTION": "FLASH_ATTN", "FLASH": "FLASH_ATTN",

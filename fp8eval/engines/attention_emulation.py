@@ -16,8 +16,10 @@
   `kv.quantize_attention=true`): probabilities below e4m3's smallest subnormal (2⁻⁹) flush to zero, so it
   overstates the error more and more with context (issue 18). Kept for comparison.
 
-`kv.accumulation` (how P·V is summed): `exact` (FP32) or `fast_fp8`: an FP8 tensor-core MMA without
-two-level promotion. Hopper's FP8 MMA adds each k-step's products into an accumulator that keeps only about
+`kv.accumulation` (how P·V is summed): `exact` (FP32), `fast_fp8`: an FP8 tensor-core MMA whose partial sums
+are promoted to FP32 every FAST_ACC_PROMOTE_EVERY keys (what torch._scaled_mm's fast accumulation measured on an
+H200), or `fa3_unfixed`: the same MMA never promoted across the context, the keys in FA3's block order with its
+rescaling (the seed's FA3 before the two-level fix: one reduced-precision accumulator over the whole context). Hopper's FP8 MMA adds each k-step's products into an accumulator that keeps only about
 14 significant bits (DeepSeek-V3 report, section 3.3.2: "limited to retaining around 14 bits"); CUTLASS and
 DeepGEMM therefore promote partial sums to FP32 CUDA-core registers every few k-steps ("two-level"
 accumulation, what cuBLAS does unless `fast accum` is set). Modelled here as: the K dimension is walked in
@@ -147,22 +149,29 @@ def _fa3_rows(q, k, v, mask, scaling, fmt, block_n, accumulation):
     rescale = torch.exp(run - final).unsqueeze(-1)  # what later max updates multiply block b's share by
     row_sum = (p * rescale).sum(dim=(-1, -2))  # from the unconverted P
     w = (fp8_roundtrip(p, 1.0, fmt) * rescale).flatten(-2)[..., :lk]
-    if accumulation == "fast_fp8":
-        num = fast_fp8_matmul(w, v.float(), order=_fa3_key_order(lk, block_n, w.device))
-    else:
-        num = torch.matmul(w, v.float())
+    num = _pv(w, v.float(), accumulation, order=_fa3_key_order(lk, block_n, w.device))
     return num / row_sum.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(-1)
 
 
 def _unit_scale_rows(q, k, v, mask, scaling, fmt, accumulation):
     probs = torch.softmax(_scores(q, k, mask, scaling), dim=-1)
     probs = fp8_roundtrip(probs, 1.0, fmt)
-    return fast_fp8_matmul(probs, v.float()) if accumulation == "fast_fp8" else torch.matmul(probs, v.float())
+    return _pv(probs, v.float(), accumulation)
 
 
 def _exact_rows(q, k, v, mask, scaling, accumulation):
     probs = torch.softmax(_scores(q, k, mask, scaling), dim=-1)
-    return fast_fp8_matmul(probs, v.float()) if accumulation == "fast_fp8" else torch.matmul(probs, v.float())
+    return _pv(probs, v.float(), accumulation)
+
+
+def _pv(w, v, accumulation, order=None):
+    """P.V as `accumulation` says: exact, fast_fp8 (promoted every FAST_ACC_PROMOTE_EVERY keys) or fa3_unfixed (never
+    promoted across the context: FA3 before the two-level fix, keys in FA3's block order)."""
+    if accumulation == "fast_fp8":
+        return fast_fp8_matmul(w, v, order=order)
+    if accumulation == "fa3_unfixed":
+        return fast_fp8_matmul(w, v, order=order, promote_every=None)
+    return torch.matmul(w, v)
 
 
 def emulated_attention(query, key, value, attention_mask, scaling: float, *, mode: str, accumulation: str,

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fp8eval.core.quant import KV_CACHE_DTYPE_FORMAT, fp8_roundtrip
+from fp8eval.engines import kv_formats_emulation as formats
 from fp8eval.engines.attention_emulation import emulated_attention
 
 ATTENTION_NAME = "fp8eval_kv"
@@ -33,7 +34,9 @@ class KVPolicy:
     quantize_attention: bool = False  # legacy spelling of attention="qp_unit_scale"
     q_scale: float = 1.0
     attention: str = "kv_only"  # kv_only | fa3_fp8 | qp_unit_scale (fp8eval/engines/attention_emulation.py)
-    accumulation: str = "exact"  # exact | fast_fp8
+    accumulation: str = "exact"  # exact | fast_fp8 | fa3_unfixed
+    int8_rounding: str = "half_away"  # int8_per_token_head: half_away | trunc
+    int4_rht: bool = True  # int4_per_token_head: rotate first (current kernel) or not (an earlier one)
 
     @property
     def attention_mode(self) -> str:
@@ -53,14 +56,20 @@ class KVPolicy:
     def layer_is_fp8(self, module) -> bool:
         """Whether this attention layer's cache is FP8: the cache dtype is FP8 and neither the layer index nor its
         sliding-window type is in skip_layers."""
-        if self.fmt is None:
-            return False
+        return self.fmt is not None and not self._skipped(module)
+
+    def layer_format(self, module) -> str | None:
+        """The other vLLM format (fp8eval.engines.kv_formats_emulation.EMULATED) this layer's cache stores, or None
+        (FP8 per tensor, the model dtype, or a skipped layer)."""
+        if self.cache_dtype in formats.EMULATED and not self._skipped(module):
+            return self.cache_dtype
+        return None
+
+    def _skipped(self, module) -> bool:
         idx = getattr(module, "layer_idx", None)
         if idx is not None and str(idx) in self.skip_layers:
-            return False
-        if "sliding_window" in self.skip_layers and _is_sliding(module):
-            return False
-        return True
+            return True
+        return "sliding_window" in self.skip_layers and _is_sliding(module)
 
     incremental: bool = True
 
@@ -69,6 +78,8 @@ class KVPolicy:
         dtype); returns key and value. Without `incremental`, every position is rounded again."""
         total = key.shape[-2]
         n = total if not self.incremental else min(n_new, total)
+        if self.layer_format(module):
+            return self._store_format(module, key, value, n, n_new)
         if not self.layer_is_fp8(module):
             # The cache holds the model dtype; rounding to it makes a float32 CPU run store what a
             # bfloat16 vLLM cache stores.
@@ -86,6 +97,27 @@ class KVPolicy:
         k_new.copy_(round_k(k_new))
         v_new.copy_(round_v(v_new))
         return key, value
+
+
+    def _store_format(self, module, key, value, n: int, n_new: int):
+        """Round the new positions through one of vLLM's other formats; for TurboQuant, the first prefill chunk and any later
+        one of more than TQ_CHUNK_RAW_ABOVE tokens attend to their own raw K/V (the cache keeps the quantized ones):
+        only chunks of at most 128 tokens after the first, and decode, read their own tokens back from the cache."""
+        round_k, round_v = formats.roundtrips(self.cache_dtype, int8_rounding=self.int8_rounding,
+                                              int4_rht=self.int4_rht)
+        total = key.shape[-2]
+        k_new, v_new = key.narrow(-2, total - n, n), value.narrow(-2, total - n, n)
+        raw = None
+        if self.cache_dtype.startswith("turboquant_") and (n_new >= total or n_new > formats.TQ_CHUNK_RAW_ABOVE):
+            raw = (k_new.clone(), v_new.clone())
+        k_new.copy_(round_k(k_new))
+        v_new.copy_(round_v(v_new))
+        if raw is None:
+            return key, value
+        k_att, v_att = key.clone(), value.clone()
+        k_att.narrow(-2, total - n, n).copy_(raw[0])
+        v_att.narrow(-2, total - n, n).copy_(raw[1])
+        return k_att, v_att
 
 
 def _is_sliding(module) -> bool:

@@ -15,6 +15,7 @@ from typing import Iterable, Iterator
 from fp8eval.config import (
     ACCUMULATION_MODES,
     ATTENTION_MODES,
+    INT8_ROUNDINGS,
     KV_EMULATION_DEFAULTS,
     RunConfig,
     emulation_in_effect,
@@ -47,10 +48,12 @@ class ReferenceEngine:
                               "engine only runs real weights.")
         args = arm.engine_args
         self.cache_dtype = str(args.get("kv_cache_dtype", "auto"))
-        if self.cache_dtype not in ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"):
+        from fp8eval.engines.kv_formats_emulation import EMULATED
+
+        if self.cache_dtype not in ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", *EMULATED):
             raise EngineError(
-                f"The reference engine emulates kv_cache_dtype auto, fp8, fp8_e4m3 and fp8_e5m2; "
-                f"{self.cache_dtype!r} was asked for by kv={kv.name}."
+                f"The reference engine emulates kv_cache_dtype auto, bfloat16, fp8, fp8_e4m3, fp8_e5m2, "
+                f"{', '.join(EMULATED)}; {self.cache_dtype!r} was asked for by kv={kv.name}."
             )
         _check_emulation(kv)
         self.skip_layers = tuple(str(x) for x in (args.get("kv_cache_dtype_skip_layers") or []))
@@ -196,15 +199,23 @@ class ReferenceEngine:
             self._shared[key] = model
         self._model = self._shared[key]
         scales = self._scales
+        from fp8eval.core.kvformats import effective_skip_layers
+
+        # TurboQuant keeps its boundary layers in BF16 by itself in vLLM (engine/arg_utils.py): the same here.
+        n_layers = int(getattr(self._model.config.get_text_config(), "num_hidden_layers", 0) or 0)
+        skip = tuple(effective_skip_layers(self.cache_dtype, list(self.skip_layers), n_layers)
+                     if self.cache_dtype.startswith("turboquant_") else self.skip_layers)
         self._policy = kvcache.KVPolicy(
             cache_dtype=self.cache_dtype,
             model_dtype=getattr(torch, self.model_dtype if self.model_dtype != "auto" else "bfloat16"),
-            skip_layers=self.skip_layers,
+            skip_layers=skip,
             k_scales={i: t.to(self._device_name()) for i, t in scales.k.items()} if scales else {},
             v_scales={i: t.to(self._device_name()) for i, t in scales.v.items()} if scales else {},
             quantize_attention=self.kv.quantize_attention,
             attention=self.kv.attention,
             accumulation=self.kv.accumulation,
+            int8_rounding=self.kv.int8_rounding,
+            int4_rht=bool(self.kv.int4_rht),
         )
         from fp8eval.engines.audit.live import audit_reference
 
@@ -404,6 +415,8 @@ def _check_emulation(kv: ArmSpec) -> None:
         raise EngineError(f"kv.attention={kv.attention!r}; valid: {', '.join(ATTENTION_MODES)}")
     if kv.accumulation not in ACCUMULATION_MODES:
         raise EngineError(f"kv.accumulation={kv.accumulation!r}; valid: {', '.join(ACCUMULATION_MODES)}")
+    if kv.int8_rounding not in INT8_ROUNDINGS:
+        raise EngineError(f"kv.int8_rounding={kv.int8_rounding!r}; valid: {', '.join(INT8_ROUNDINGS)}")
     if kv.quantize_attention and kv.attention not in ("kv_only", "qp_unit_scale"):
         raise EngineError(f"kv.quantize_attention=true (the old name of kv.attention=qp_unit_scale) contradicts "
                           f"kv.attention={kv.attention}; set only kv.attention.")

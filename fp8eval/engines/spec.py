@@ -58,8 +58,18 @@ class ArmSpec:
 
     @property
     def accumulation(self) -> str:
-        """The reference engine's P·V accumulation (exact | fast_fp8)."""
+        """The reference engine's P·V accumulation (exact | fast_fp8 | fa3_unfixed)."""
         return self.kv.accumulation
+
+    @property
+    def int8_rounding(self) -> str:
+        """The reference engine's int8_per_token_head rounding (half_away | trunc)."""
+        return self.kv.int8_rounding
+
+    @property
+    def int4_rht(self) -> bool:
+        """Whether the reference engine's int4_per_token_head rotates first."""
+        return bool(self.kv.int4_rht)
 
 
 def merged_engine_args(cfg: RunConfig, kv: KVConfig) -> dict[str, Any]:

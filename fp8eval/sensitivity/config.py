@@ -9,6 +9,7 @@ from fp8eval.config import PairedCliConfig
 from fp8eval.divergence.measures import DEFAULT_EDGES
 
 RANK_BY = ("only_this", "all_but_this")
+FEASIBILITY = ("auto", "rule", "oracle", "off")
 
 
 @dataclass
@@ -33,6 +34,9 @@ class SensitivityConfig:
     # states for every comparison: one more lm_head matmul per pass).
     cache_logits_gib: float = 1.0
     progress: bool = True
+    # Can vLLM serve the recommended skip list (fp8eval.feasibility)? auto: vLLM's own grouping when a vLLM is
+    # importable (FP8EVAL_VLLM_PYTHON), else the rule vLLM 0.26.0 showed; rule; oracle; off (no check).
+    feasibility: str = "auto"
 
 
 @dataclass
@@ -53,6 +57,8 @@ def validate(s: SensitivityConfig) -> list[str]:
         problems.append(f"sensitivity.target={s.target}: must be in (0, 1]")
     if s.rank_by not in RANK_BY:
         problems.append(f"sensitivity.rank_by={s.rank_by!r}; valid: {', '.join(RANK_BY)}")
+    if s.feasibility not in FEASIBILITY:
+        problems.append(f"sensitivity.feasibility={s.feasibility!r}; valid: {', '.join(FEASIBILITY)}")
     if s.refine < 0:
         problems.append(f"sensitivity.refine={s.refine}: must be >= 0")
     if not s.edges or list(s.edges) != sorted(set(s.edges)) or s.edges[0] != 0:

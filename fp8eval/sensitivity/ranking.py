@@ -101,3 +101,32 @@ def sliding_verdict(layers: list[dict], ranking: list[int], recommended: list[in
         out["text"] += (f" Keeping all sliding-window layers in BF16 (kv=fp8_skip_sw) removes "
                         f"{100 * out['removed_by_skip_sliding']:.0f}% of the full-FP8 divergence (measured).")
     return out
+
+
+def feasible_options(ranking: list[int], full_layers: list[int]) -> list[list[int]]:
+    """The skip lists worth checking for feasibility: every prefix of the ranking, and each prefix with all
+    full-attention layers added or removed (what vLLM 0.26.0's page-size rule is about), without repeats."""
+    seen, out = set(), []
+    full = set(full_layers)
+    for k in range(len(ranking) + 1):
+        p = set(ranking[:k])
+        for cand in (p, p | full if p & full else p, p - full):
+            key = tuple(sorted(cand))
+            if key not in seen:
+                seen.add(key)
+                out.append(list(key))
+    return out
+
+
+def best_feasible(options: list[list[int]], feasible: dict[tuple, bool], scores: dict[int, float], target: float,
+                  cost: dict[int, int]) -> list[int] | None:
+    """Among the feasible options, the cheapest (fewest extra KV bytes, then fewest layers) whose predicted share
+    reaches the target; else the feasible one that removes the most. None when none is feasible."""
+    ok = [o for o in options if feasible.get(tuple(o))]
+    if not ok:
+        return None
+    weight = lambda o: (sum(cost.get(i, 1) for i in o), len(o), o)  # noqa: E731
+    meets = [o for o in ok if predicted_share(scores, o) >= target - 1e-12]
+    if meets:
+        return min(meets, key=weight)
+    return max(ok, key=lambda o: (predicted_share(scores, o), [-w for w in weight(o)[:2]]))

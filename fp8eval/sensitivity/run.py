@@ -14,6 +14,7 @@ from fp8eval.sensitivity import ranking
 from fp8eval.sensitivity.cache import PassageCache, skip_key
 from fp8eval.sensitivity.cache import fingerprint as cache_fingerprint
 from fp8eval.sensitivity.config import SensitivityRunConfig, validate
+from fp8eval.sensitivity.feasible import Feasibility
 from fp8eval.sensitivity.kvstats import KVStatsAccumulator, recording_policy
 from fp8eval.sensitivity.passes import Baseline, Passes, SensitivityError, measure, replay, slice_step
 
@@ -124,6 +125,10 @@ def _run(cfg: SensitivityRunConfig, door: ArmEngines, log: Callable[[str], None]
     scores = ranking.layer_scores(kl_full, only, all_but, s.rank_by)
     order = ranking.rank(scores, tiebreak=only)
     chosen = ranking.smallest_skip_set(order, scores, s.target)
+    values = {i: stats.kv_values_per_token(i) for i in range(L)}
+    feas = Feasibility(cfg, passes, s.feasibility)
+    ranked_choice = list(chosen)
+    chosen = feas.best(order, scores, s.target, values, chosen, log)
 
     def measure_skip(skip: list[int]) -> M.BucketAccumulator:
         acc, name = M.BucketAccumulator(edges), f"skip[{skip_key(skip)}]"
@@ -142,13 +147,15 @@ def _run(cfg: SensitivityRunConfig, door: ArmEngines, log: Callable[[str], None]
     steps = [{"skip": list(chosen), "kl": with_skip.overall()["kl_mean"]}]
     extra = [i for i in order if i not in chosen]
     while _removed(kl_full, steps[-1]["kl"]) < s.target and extra and len(steps) <= s.refine:
+        nxt = extra.pop(0)
+        if not feas.ok(sorted([*chosen, nxt])):
+            continue  # vLLM could not serve it: the next ranked layer instead
         bar.total += len(kept)
-        chosen = sorted([*chosen, extra.pop(0)])
+        chosen = sorted([*chosen, nxt])
         with_skip = measure_skip(chosen)
         steps.append({"skip": list(chosen), "kl": with_skip.overall()["kl_mean"]})
     bar.close()
 
-    values = {i: stats.kv_values_per_token(i) for i in range(L)}
     layers = []
     for i in range(L):
         st = stats.layer_stats(i)
@@ -177,6 +184,8 @@ def _run(cfg: SensitivityRunConfig, door: ArmEngines, log: Callable[[str], None]
         "layers": layers,
         "ranking": order,
         "recommended_skip_layers": list(chosen),
+        "ranked_skip_layers": ranked_choice,
+        "feasibility": feas.summary(list(chosen)),
         "kl_full_fp8": kl_full,
         "kl_with_skip": kl_with,
         "kv_bytes_ratio": ranking.kv_bytes_ratio(values, list(chosen)),

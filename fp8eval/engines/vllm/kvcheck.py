@@ -9,6 +9,7 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from fp8eval.core import kvformats
 from fp8eval.engines.base import EngineError
 from fp8eval.engines.vllm.args import vllm_python
 
@@ -61,11 +62,28 @@ def kv_mismatches(requested: dict[str, Any], effective: dict[str, Any]) -> list[
     want_skip = requested["kv_cache_dtype_skip_layers"]
     if "kv_cache_dtype_skip_layers" in effective:
         got_skip = canonical_skip_layers(effective.get("kv_cache_dtype_skip_layers"))
-        if want_skip != got_skip:
+        if want_skip != got_skip and not _format_boundary(want, want_skip, got_skip):
             problems.append(f"kv_cache_dtype_skip_layers: the arm asks for {want_skip}, the engine runs {got_skip}")
     elif want_skip:
         problems.append(f"the engine does not report kv_cache_dtype_skip_layers (the arm asks for {want_skip})")
+    fmt = kvformats.FORMATS.get(want)
+    backend = str(effective.get("attention_backend") or "").upper()
+    # Formats only one backend can run (per-token-head: TRITON_ATTN; TurboQuant: its own) must report it.
+    if fmt is not None and fmt.family in ("per_token_head", "turboquant") and backend and fmt.backend not in backend:
+        problems.append(f"backend: kv_cache_dtype={want} runs on {fmt.backend}, the engine reports {backend}")
     return problems
+
+
+def _format_boundary(cache_dtype: str, want: list[str], got: list[str]) -> bool:
+    """Whether `got` is `want` plus the layers the format keeps in BF16 by itself (TurboQuant's first and last two,
+    fp8eval.core.kvformats.boundary_skip_layers), so vLLM's own addition is not taken for a mismatch."""
+    extra = sorted(set(got) - set(want), key=lambda x: (not x.isdigit(), int(x) if x.isdigit() else 0, x))
+    if not cache_dtype.startswith("turboquant_") or not set(want) <= set(got) or not extra:
+        return False
+    if not all(e.isdigit() for e in extra):
+        return False
+    n_layers = int(extra[-1]) + 1
+    return set(extra) == set(kvformats.boundary_skip_layers(cache_dtype, n_layers)) - set(want)
 
 
 def uses_fp8_cache(args: dict[str, Any]) -> bool:

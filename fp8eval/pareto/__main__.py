@@ -1,0 +1,62 @@
+"""`python -m fp8eval.pareto`: formats x skip lists x calibration on one frontier; prints the pick's `vllm serve`
+line and the run directory last."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from omegaconf import DictConfig, OmegaConf
+
+from fp8eval.pareto.config import ParetoRunConfig
+from fp8eval.registry import register_wing
+
+
+def register() -> None:
+    """ConfigStore: the shared groups and `pareto_schema` (conf/pareto.yaml)."""
+    register_wing("pareto_schema", ParetoRunConfig)
+
+
+register()
+
+
+def format_table(result: dict) -> str:
+    """The points, frontier marked, then the pick and its serve line."""
+    lines = [f"{'':2}{'configuration':58} {'B/token':>8} {'x BF16':>7} {'KL':>10}  note"]
+    for p in sorted(result["points"], key=lambda q: q["kv_bytes_per_token"]):
+        kl = "-" if p.get("kl") is None else f"{p['kl']:.3e}"
+        note = (f"same cache as {p['same_as']}" if p.get("same_as") else
+                "infeasible: " + p["feasibility"].get("reason", "") if not p["feasible"] else (p.get("error") or ""))
+        if p.get("needs"):
+            note = (note + "; " if note else "") + f"needs {p['needs']}"
+        mark = "* " if p.get("on_frontier") else "  "
+        lines.append(f"{mark}{p['key'][:58]:58} {p['kv_bytes_per_token']:>8} {p['capacity_vs_bf16']:>7.2f} {kl:>10}  "
+                     f"{note[:90]}")
+    lines.append(f"pick: {result['pick'] or '-'} ({result['pick_reason']})")
+    if result.get("serve"):
+        lines.append(result["serve"])
+    if result.get("serve_note"):
+        lines.append(result["serve_note"])
+    return "\n".join(lines)
+
+
+@hydra.main(config_path="../../conf", config_name="pareto", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    """Run the sweep; exit 2 on an fp8eval error or a ValueError, after printing it."""
+    from fp8eval.core.errors import Fp8evalError
+    from fp8eval.pareto.sweep import run
+
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        result = run(OmegaConf.to_object(cfg), run_dir, out=lambda s: print(s, file=sys.stderr))
+    except (Fp8evalError, ValueError) as e:
+        print(f"\nfp8eval.pareto: {e}", file=sys.stderr)
+        sys.exit(2)
+    print(format_table(result))
+    print(run_dir)
+
+
+if __name__ == "__main__":
+    main()

