@@ -19,6 +19,7 @@ from fp8eval.config import RunConfig, SamplingConfig, kv_fingerprint_view
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.reasoning import split_reasoning
 from fp8eval.core.seeds import derive_seed
+from fp8eval.core.timing import EngineClock
 from fp8eval.engines import build_engine
 from fp8eval.engines.attention import check as check_attention_backend
 from fp8eval.engines.base import Request
@@ -112,6 +113,7 @@ class Runner:
         self.shared: dict = {}
         self.views: dict[str, ArmRecords] = {}  # kv name -> the arm's valid records (fp8eval.records.read_arm)
         self.claim_poll_s = 2.0  # how often to look again while another process holds claims
+        self.clock = EngineClock()  # engine time vs harness time (summary.json "timing")
 
     # --- arms -------------------------------------------------------------------------------------------
     def arms(self) -> list[ArmSpec]:
@@ -219,7 +221,8 @@ class Runner:
     # --- one arm ---------------------------------------------------------------------------------------
     def run_arm(self, task: Task, engine, arm: ArmSpec, items: list[PlannedItem]) -> dict:
         kv = arm
-        material = self.fingerprint_material(task, engine, arm)
+        with self.clock.engine("describe"):  # a vLLM engine's describe() may start it
+            material = self.fingerprint_material(task, engine, arm)
         fp = fingerprint_hash(material)
         store = ArmStore(self.records_root, task.name, fp, material).open()
         shard = shards.parse(self.cfg.shard)
@@ -239,7 +242,8 @@ class Runner:
         summary.update({"records": str(store.path), "fingerprint": fp, "requests_sent": sent,
                         "n_ignored": view.ignored, "kv_name": kv.name,
                         "engine": material["engine"].get("kind")})
-        stats = engine.prefill_stats() if sent and hasattr(engine, "prefill_stats") else None
+        with self.clock.engine("stats"):
+            stats = engine.prefill_stats() if sent and hasattr(engine, "prefill_stats") else None
         if stats:  # this invocation's prefill work, from the engine's own counters
             summary["engine_prefill"] = stats
         summary.update(task.summarize(summary, view.records))
@@ -314,7 +318,7 @@ class Runner:
             # still appended together (one write, one fsync) once their scores are in.
             scorer = Scorer(task, auto_workers(task, self.cfg.scoring_workers))
             try:
-                for comp in send(engine, requests):
+                for comp in self.clock.stream(send(engine, requests), "generate"):
                     sent += 1
                     its = by_id[comp.request_id]
                     if len(comp.choices) != len(its):  # an engine must answer every sequence (or error it)
@@ -368,11 +372,11 @@ class Runner:
             rec.update(score=float(score.value), extracted=score.extracted, score_details=score.details)
         return self._write(store, recs)
 
-    @staticmethod
-    def _write(store: ArmStore, recs: list[dict]) -> int:
+    def _write(self, store: ArmStore, recs: list[dict]) -> int:
         """Append, then release the claims: a key is never unclaimed before its record is on disk."""
-        store.append(recs)
-        store.release([(r["sample_id"], r["repeat"]) for r in recs])
+        with self.clock.harness("write_records"):
+            store.append(recs)
+            store.release([(r["sample_id"], r["repeat"]) for r in recs])
         return len(recs)
 
     # --- the whole run ------------------------------------------------------------------------------------
@@ -380,6 +384,7 @@ class Runner:
         cfg = self.cfg
         check_greedy_repeats(cfg, self.sampling)
         t0 = time.perf_counter()
+        self.clock = EngineClock()
         check_task_config(cfg.task)
         arms = self.arms()
         tcls = task_class(cfg.task.name)
@@ -391,15 +396,18 @@ class Runner:
         # per-head scales without a scales file) fails before any baseline work is spent.
         for arm in sorted(arms, key=lambda a: a.role == "baseline"):
             name, role = arm.name, arm.role
-            engine = build_engine(cfg, arm, self.shared)
+            with self.clock.engine("start"):
+                engine = build_engine(cfg, arm, self.shared)
             try:
-                backend = check_attention_backend(cfg, engine)  # before any request
+                with self.clock.engine("start"):
+                    backend = check_attention_backend(cfg, engine)  # before any request
                 if task is None:
                     ctx = TaskContext(count_tokens=self._token_counter(engine), max_model_len=engine.max_model_len(),
                                       model_name=cfg.model.name, seed=cfg.seed,
                                       max_tokens=int(self.sampling["max_tokens"]))
                     task = tcls(task_cfg, ctx)
-                    items = self.plan(task, engine)
+                    with self.clock.harness("plan"):  # token counting included
+                        items = self.plan(task, engine)
                     notes = task.notes()
                     for line in notes:
                         self.out(f"note: {line}")
@@ -410,7 +418,8 @@ class Runner:
                 if hasattr(engine, "startup_warnings"):  # vLLM engines: uncalibrated scales, fallbacks
                     summaries[name]["engine_warnings"] = engine.startup_warnings()
             finally:
-                engine.close()
+                with self.clock.engine("close"):
+                    engine.close()
         summary: dict[str, Any] = {
             "model": cfg.model.name,
             "task": cfg.task.name,
@@ -431,6 +440,7 @@ class Runner:
                 b, v = summaries[arms[0].name].get(key), summaries[arms[1].name].get(key)
                 summary["recovery"][key] = 100.0 * v / b if b and v is not None else None
         summary["wall_s"] = round(time.perf_counter() - t0, 2)
+        summary["timing"] = self.clock.report()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n",
                                                    encoding="utf-8")
