@@ -49,9 +49,9 @@ step() {
 
 JOB="model=smollm2-135m kv=fp8 engine=$ENGINE task=niah $GRID report=false progress=false"
 # shellcheck disable=SC2086
-step run 150 60 $PY -m fp8eval $JOB "records_dir=$WORK/records_run" "hydra.run.dir=$WORK/run"
+step run "${RUN_S:-150}" 60 $PY -m fp8eval $JOB "records_dir=$WORK/records_run" "hydra.run.dir=$WORK/run"
 # shellcheck disable=SC2086
-step profile 110 80 $PY -m cProfile -o "$WORK/profile.pstats" -m fp8eval $JOB "records_dir=$WORK/records_profile" \
+step profile "${PROFILE_S:-110}" 80 $PY -m cProfile -o "$WORK/profile.pstats" -m fp8eval $JOB "records_dir=$WORK/records_profile" \
   "hydra.run.dir=$WORK/profile"
 
 $PY - "$WORK" "$OUT" <<'PY' >> "$LOG" 2>&1
