@@ -30,8 +30,6 @@ prints, to be set against the hardware's (`python -m fp8eval.probe` on a GPU wit
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from fp8eval.config import ACCUMULATION_MODES, ATTENTION_MODES
@@ -121,15 +119,6 @@ def _fa3_key_order(n_keys: int, block_n: int, device) -> torch.Tensor:
     return torch.cat([torch.arange(s, min(s + block_n, n_keys), device=device) for s in starts])
 
 
-def _block_matrix(n_keys: int, block_n: int, device) -> torch.Tensor:
-    """[n_keys, max(2, blocks)] with a 1 where key k lies in block b: P @ it gives P's per-block sums as a
-    matrix product (one fixed summation order, unlike a vectorised sum that follows the CPU's vector width)."""
-    nb = math.ceil(n_keys / block_n)
-    e = torch.zeros(n_keys, max(2, nb), dtype=torch.float32, device=device)
-    e[torch.arange(n_keys, device=device), torch.arange(n_keys, device=device) // block_n] = 1.0
-    return e
-
-
 def _fp8_values(fmt: str, device) -> torch.Tensor:
     """The float32 value of each of the 256 FP8 bit patterns (a lookup table: faster than torch's cast back)."""
     key = (fmt, str(device))
@@ -153,7 +142,6 @@ def _fa3_rows(s, v, fmt, block_n, accumulation):
     """FA3's FP8 forward for scores s [.., rows, Lk] (from the FP8-rounded Q, masked, float32, contiguous;
     overwritten). Returns float32 [.., rows, Dv]."""
     lk = s.shape[-1]
-    nb = math.ceil(lk / block_n)
     full = lk // block_n
     sf = s[..., :full * block_n].unflatten(-1, (full, block_n)) if full else None
     tail = s[..., full * block_n:].unsqueeze(-2) if lk > full * block_n else None
@@ -168,8 +156,9 @@ def _fa3_rows(s, v, fmt, block_n, accumulation):
     if tail is not None:
         tail.sub_(run[..., full:].unsqueeze(-1))
     s.exp_().mul_(float(2 ** FA3_MAX_OFFSET))
-    # The row sum from the unconverted P, each block's sum rescaled as the kernel does.
-    block_sums = torch.matmul(s, _block_matrix(lk, block_n, s.device))[..., :nb]
+    # The row sum from the unconverted P, each block's sum rescaled as the kernel does. (torch's float32 sums
+    # gave the same bits under ATen's AVX2 and AVX-512 kernels and any thread count: tests/test_cpu_determinism.py.)
+    block_sums = torch.cat([x.sum(-1) for x in (sf, tail) if x is not None], dim=-1)
     row_sum = (block_sums.double() * rescale.double()).sum(-1).float()
     # P to FP8 for the P·V product (scale 1; P <= 256 needs no saturation), then each block's rescale.
     _to_fp8_in_place(s, fmt)
@@ -192,8 +181,8 @@ def _exp_in_place(s: torch.Tensor) -> torch.Tensor:
 
 
 def _row_sums(p: torch.Tensor) -> torch.Tensor:
-    """p's sums over the last dimension [.., rows, 1] as a matrix product (one summation order on any CPU)."""
-    return torch.matmul(p, torch.ones(p.shape[-1], 2, dtype=p.dtype, device=p.device))[..., :1]
+    """p's sums over the last dimension [.., rows, 1]."""
+    return p.sum(-1, keepdim=True)
 
 
 def _unit_scale_rows(s, v, fmt, accumulation):
@@ -234,7 +223,8 @@ def emulated_attention(query, key, value, attention_mask, scaling: float, *, mod
     reference engine runs on CPU for every layer instead of SDPA, whose reductions follow the CPU's vector
     width and thread count). Returns [B, Lq, H, D] in query's dtype, as transformers' attention functions do.
 
-    Computed from matrix products and elementwise steps only; sums over keys are matrix products too. Query heads that
+    Computed from matrix products, elementwise steps and sums whose bits do not depend on the thread count or on
+    ATen's AVX2 / AVX-512 kernels (tests/test_cpu_determinism.py). Query heads that
     share a KV head are stacked as rows of one product (no per-head copy of K and V)."""
     if mode not in ATTENTION_MODES:
         raise ValueError(f"kv.attention={mode!r}; valid: {', '.join(ATTENTION_MODES)}")
