@@ -48,12 +48,13 @@ def main() -> None:
     ap.add_argument("--cfg", nargs="*", default=[], help="more config overrides (model=..., engine=...)")
     args = ap.parse_args()
 
-    from fp8eval.engines import build_engine
+    from fp8eval.arms import arm_spec, open_engines
     from fp8eval.engines.base import Request
 
     overrides = [f"engine={args.engine}", "model=smollm2-135m", *args.cfg]
     cfg = compose(overrides)
-    engine = build_engine(cfg, cfg.kv, {})
+    door = open_engines(cfg)
+    engine = door.open(arm_spec(cfg, cfg.kv))
     try:
         text = FILLER
         make = lambda t: Request(id="prefill", messages=({"role": "user", "content": t + "\nWhat colour is the sky?"},),  # noqa: E731
@@ -79,7 +80,7 @@ def main() -> None:
             "engine_prefill": stats, "seconds": round(seconds, 2),
         }))
     finally:
-        engine.close()
+        door.close_all()
 
 
 if __name__ == "__main__":

@@ -1,23 +1,51 @@
-"""The arms of a run, each resolved once into an `ArmSpec` that every engine reads the same way.
+"""The one door to arms and their engines: which arms a run has, and an engine for each.
 
-The variant's kv comes from the run's own composition; the baseline's (`baseline: bf16`) is composed by
-Hydra from `conf/kv/<baseline>.yaml` exactly like a variant would be (defaults list, schema, resolvers
-such as `${calibrated:tensor}`), so the two arms of a pair can never follow different rules.
+Every wing (the runner, divergence, sensitivity, perf, and any new one) asks here and nowhere else:
+
+    from fp8eval.arms import open_engines, resolve_arms
+
+    arms = resolve_arms(cfg)                 # [baseline, variant], or one arm (ArmSpec each)
+    with open_engines(cfg) as door:          # one shared dict: the reference engine's model loads once
+        for arm in arms:
+            with door.engine(arm) as engine: # closed when the block ends (vLLM frees the GPU)
+                ...
+            # or door.open(arm): stays open until door.close(engine) or the end of the `with`
+
+- `resolve_arms(cfg)`: the variant's kv comes from the run's own composition; the baseline's (`baseline:
+  bf16`) is composed by Hydra from `conf/kv/<baseline>.yaml` exactly like a variant would be (defaults list,
+  schema, resolvers such as `${calibrated:tensor}`), so the two arms of a pair can never follow different
+  rules. A variant that is the baseline (same kv setting, same engine args) is one arm, role "baseline";
+  a variant named like the baseline whose setting differs (a BF16 *control* arm, e.g. `kv=bf16
+  kv.engine_args.attention_backend=...`) stays a second arm, named `<kv>-variant`.
+- `resolve_arms(cfg, names=[...])`: any list of kv options (perf's `perf.arms`), the first the baseline.
+- `arm_spec(cfg, kv, role, name)`: one arm from a KVConfig a wing made itself (a sweep point).
+- `open_engines(cfg, kind=None)`: an `ArmEngines` context manager; `kind` forces an engine kind (perf
+  starts `server` engines whatever `engine.kind` says). Every engine still open is closed on exit.
 """
 
 from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+from dataclasses import asdict, is_dataclass
+from typing import Iterator
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
-from fp8eval.config import KVConfig, RunConfig
+from fp8eval.config import KVConfig, RunConfig, kv_fingerprint_view
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.paths import CONF_DIR
+from fp8eval.engines import build_engine
+from fp8eval.engines.base import Engine
 from fp8eval.engines.spec import ArmSpec, merged_engine_args
 
-__all__ = ["ArmError", "ArmSpec", "compose_kv", "merged_engine_args", "resolve_arms"]
+__all__ = ["ArmEngines", "ArmError", "ArmSpec", "arm_spec", "compose_kv", "open_engines", "resolve_arms",
+           "same_setting"]
+
+CONTROL_SUFFIX = "-variant"
 
 
 class ArmError(Fp8evalError):
@@ -41,14 +69,109 @@ def compose_kv(name: str, model_name: str) -> KVConfig:
     return kv
 
 
-def resolve_arms(cfg: RunConfig) -> list[ArmSpec]:
-    """[baseline, variant] (the baseline first, so pairing reads its records first), or one arm when
-    `baseline` is none or the variant itself."""
-    variant = cfg.kv if isinstance(cfg.kv, KVConfig) else OmegaConf.to_object(cfg.kv)
+def arm_spec(cfg: RunConfig, kv: KVConfig, role: str = "single", name: str | None = None) -> ArmSpec:
+    """One arm from a kv option: its engine args merged (model < kv < engine). `name` defaults to the kv's."""
+    kv = _kv_object(kv)
+    return ArmSpec(kv, role, merged_engine_args(cfg, kv), name or "")
+
+
+def same_setting(a: ArmSpec, b: ArmSpec) -> bool:
+    """True when two arms run the same thing: the same kv setting as fingerprints see it (name and
+    description aside) and the same engine args."""
+    return _kv_view(a.kv) == _kv_view(b.kv) and a.engine_args == b.engine_args
+
+
+def resolve_arms(cfg: RunConfig, names: list[str] | None = None) -> list[ArmSpec]:
+    """The arms of a run, the baseline first (pairing reads its records first).
+
+    names=None: [baseline, variant] from `cfg.baseline` and `cfg.kv`; one arm when `baseline` is none
+    (role "single") or when the variant is the baseline (role "baseline"). names=[...]: those kv options
+    (duplicates dropped; `cfg.kv` itself where a name is the run's kv), roles baseline, then variant for
+    `cfg.kv` and "arm" for the others."""
+    variant = _kv_object(cfg.kv)
+    if names is not None:
+        out: list[ArmSpec] = []
+        for i, n in enumerate(dict.fromkeys(names)):
+            kv = variant if n == variant.name else compose_kv(n, cfg.model.name)
+            out.append(arm_spec(cfg, kv, "baseline" if i == 0 else "variant" if n == variant.name else "arm"))
+        return out
     baseline = cfg.baseline
-    if baseline in (None, "none", "") or baseline == variant.name:
-        role = "baseline" if baseline == variant.name else "single"
-        return [ArmSpec(variant, role, merged_engine_args(cfg, variant))]
-    base = compose_kv(baseline, cfg.model.name)
-    return [ArmSpec(base, "baseline", merged_engine_args(cfg, base)),
-            ArmSpec(variant, "variant", merged_engine_args(cfg, variant))]
+    if baseline in (None, "none", ""):
+        return [arm_spec(cfg, variant, "single")]
+    var = arm_spec(cfg, variant, "variant")
+    base = arm_spec(cfg, compose_kv(baseline, cfg.model.name), "baseline")
+    if baseline == variant.name:
+        if same_setting(base, var):
+            return [arm_spec(cfg, variant, "baseline")]
+        # A control arm: the baseline's kv option with other engine args. Two arms, two names.
+        var = arm_spec(cfg, variant, "variant", variant.name + CONTROL_SUFFIX)
+    return [base, var]
+
+
+class ArmEngines:
+    """Opens the engines of arms with one `shared` dict (the reference engine keeps its loaded model there,
+    so every arm of one model loads it once) and closes every engine it opened that is still open."""
+
+    def __init__(self, cfg: RunConfig, kind: str | None = None):
+        self.cfg = cfg
+        self.kind = kind
+        self.shared: dict = {}
+        self._open: list[Engine] = []
+        self._lock = threading.Lock()  # perf opens arms from several threads
+
+    def open(self, arm: ArmSpec) -> Engine:
+        """Build and start the arm's engine; it stays open until `close(engine)` or the end of the door."""
+        engine = build_engine(self.cfg, arm, self.shared, kind=self.kind)
+        with self._lock:
+            self._open.append(engine)
+        return engine
+
+    def close(self, engine: Engine) -> None:
+        """Close one engine (safe twice)."""
+        with self._lock:
+            if engine in self._open:
+                self._open.remove(engine)
+        engine.close()
+
+    @contextmanager
+    def engine(self, arm: ArmSpec) -> Iterator[Engine]:
+        """The arm's engine for the `with` block, closed when it ends (even on an error)."""
+        engine = self.open(arm)
+        try:
+            yield engine
+        finally:
+            self.close(engine)
+
+    def close_all(self) -> None:
+        """Close every engine still open, the last opened first; the first error is raised after all."""
+        first: BaseException | None = None
+        while self._open:
+            engine = self._open[-1]
+            try:
+                self.close(engine)
+            except BaseException as exc:  # noqa: BLE001 - close the others, then report
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def __enter__(self) -> "ArmEngines":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close_all()
+
+
+def open_engines(cfg: RunConfig, kind: str | None = None) -> ArmEngines:
+    """The door's engine half as a context manager: `with open_engines(cfg) as door: door.engine(arm)`."""
+    return ArmEngines(cfg, kind)
+
+
+def _kv_object(kv) -> KVConfig:
+    return kv if isinstance(kv, KVConfig) else OmegaConf.to_object(kv)
+
+
+def _kv_view(kv: KVConfig) -> dict:
+    d = asdict(kv) if is_dataclass(kv) else dict(kv)
+    for k in ("name", "description"):
+        d.pop(k, None)
+    return kv_fingerprint_view(d)

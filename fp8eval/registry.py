@@ -1,7 +1,7 @@
-"""Hydra registration for every CLI: the typed schemas in ConfigStore and our resolvers.
+"""Hydra registration shared by every Hydra CLI: the model/kv/engine/task/suite schemas, our resolvers, and
+`register_wing`, which each wing's `__main__` calls with its own schema (the wings are not known here).
 
-It lives with the CLIs (not in `config`) because it must know every task's config class and the
-calibration store, and `config` sits below both.
+It lives above `config` because it must know every task's config class and the calibration store.
 """
 
 from __future__ import annotations
@@ -9,12 +9,9 @@ from __future__ import annotations
 from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
-from fp8eval.calibrate.config import CalibConfig, CalibrateConfig
 from fp8eval.calibrate.store import latest_checkpoint
 from fp8eval.config import EngineConfig, KVConfig, ModelConfig, RunConfig, SuiteConfig, TaskConfig
 from fp8eval.core.rundir import register_resolver as register_unique_dir
-from fp8eval.divergence.config import DivergenceRunConfig
-from fp8eval.sensitivity.config import SensitivityRunConfig
 from fp8eval.tasks import task_config_classes
 
 
@@ -45,21 +42,13 @@ def register_configs() -> None:
         cs.store(group="schema/task", name=name, node=cls)
 
 
-def register_calibrate_configs() -> None:
-    """Schemas for `python -m fp8eval.calibrate` (model options extend /schema/model/model)."""
+def register_wing(schema: str, node: type, groups: dict[str, type] | None = None) -> None:
+    """A wing's Hydra schema, registered the same way by every wing's `__main__`: the shared groups above,
+    then `schema` (its top-level config, named in its conf/<wing>.yaml defaults) and any group schemas of its
+    own (`{"schema/calib/calib": CalibConfig}`)."""
     register_configs()
     cs = ConfigStore.instance()
-    cs.store(name="calibrate_schema", node=CalibrateConfig)
-    cs.store(group="schema/calib", name="calib", node=CalibConfig)
-
-
-def register_divergence_configs() -> None:
-    """Schemas for `python -m fp8eval.divergence` (the model/kv/engine groups of `python -m fp8eval`)."""
-    register_configs()
-    ConfigStore.instance().store(name="divergence_schema", node=DivergenceRunConfig)
-
-
-def register_sensitivity_configs() -> None:
-    """Schemas for `python -m fp8eval.sensitivity` (the model/kv/engine groups of `python -m fp8eval`)."""
-    register_configs()
-    ConfigStore.instance().store(name="sensitivity_schema", node=SensitivityRunConfig)
+    cs.store(name=schema, node=node)
+    for path, cls in (groups or {}).items():
+        group, _, name = path.rpartition("/")
+        cs.store(group=group, name=name, node=cls)

@@ -14,19 +14,19 @@ from omegaconf import OmegaConf
 from tqdm import tqdm
 
 import fp8eval.shard as shards
-from fp8eval.arms import ArmSpec, resolve_arms
+from fp8eval.arms import ArmSpec, open_engines, resolve_arms
 from fp8eval.config import RunConfig, SamplingConfig, kv_fingerprint_view
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.reasoning import split_reasoning
 from fp8eval.core.seeds import derive_seed
 from fp8eval.core.timing import EngineClock
-from fp8eval.engines import build_engine
 from fp8eval.engines.attention import check as check_attention_backend
 from fp8eval.engines.base import Request
 from fp8eval.engines.loglikelihood import send
 from fp8eval.engines.parallel import fingerprint_view
 from fp8eval.engines.prompting import prompt_text_for
 from fp8eval.metrics.arm import arm_summary, paired_recovery
+from fp8eval.metrics.pairing import value_recovery
 from fp8eval.records import RECORD_SCHEMA, ArmRecords, ArmStore, fingerprint_hash
 from fp8eval.scoring.pool import Scorer, auto_workers
 from fp8eval.tasks import task_class
@@ -110,7 +110,6 @@ class Runner:
         self.records_root = Path(cfg.records_dir).expanduser()
         if not self.records_root.is_absolute():
             self.records_root = Path.cwd() / self.records_root
-        self.shared: dict = {}
         self.views: dict[str, ArmRecords] = {}  # kv name -> the arm's valid records (fp8eval.records.read_arm)
         self.claim_poll_s = 2.0  # how often to look again while another process holds claims
         self.clock = EngineClock()  # engine time vs harness time (summary.json "timing")
@@ -127,8 +126,9 @@ class Runner:
         items: list[PlannedItem] = []
         count = task.ctx.count_tokens
         max_len = engine.max_model_len()
-        all_samples = list(task.samples())
-        check_samples(task.name, all_samples, getattr(self.cfg.task, "data_files", None))
+        every = list(task.samples())
+        check_samples(task.name, every, getattr(self.cfg.task, "data_files", None))
+        all_samples = task.limit_samples(every)  # task.limit, by the task's rule (Task.limit_samples)
         # A shard plans (and counts the tokens of) only its own samples.
         samples = shards.mine(all_samples, shards.parse(self.cfg.shard), key=lambda s: s.id)
         bar = _Progress(len(samples), "building prompts", self.cfg.progress and len(samples) > 20)
@@ -394,10 +394,11 @@ class Runner:
         notes: list[str] = []
         # The variant runs first: a configuration an engine cannot serve (fp8 on a CPU build of vLLM,
         # per-head scales without a scales file) fails before any baseline work is spent.
+        door = open_engines(cfg)  # the arms share what they can (the reference engine's loaded model)
         for arm in sorted(arms, key=lambda a: a.role == "baseline"):
             name, role = arm.name, arm.role
             with self.clock.engine("start"):
-                engine = build_engine(cfg, arm, self.shared)
+                engine = door.open(arm)
             try:
                 with self.clock.engine("start"):
                     backend = check_attention_backend(cfg, engine)  # before any request
@@ -417,9 +418,9 @@ class Runner:
                     summaries[name]["attention_backend"] = backend
                 if hasattr(engine, "startup_warnings"):  # vLLM engines: uncalibrated scales, fallbacks
                     summaries[name]["engine_warnings"] = engine.startup_warnings()
-            finally:
+            finally:  # closed before the next arm starts (vLLM frees the GPU)
                 with self.clock.engine("close"):
-                    engine.close()
+                    door.close(engine)
         summary: dict[str, Any] = {
             "model": cfg.model.name,
             "task": cfg.task.name,
@@ -438,7 +439,7 @@ class Runner:
                                                   self.views[arms[1].name].records)
             for key in getattr(task, "recovery_keys", ()):  # task metrics that are not a mean (MRCR AUC)
                 b, v = summaries[arms[0].name].get(key), summaries[arms[1].name].get(key)
-                summary["recovery"][key] = 100.0 * v / b if b and v is not None else None
+                summary["recovery"][key] = value_recovery(b, v)
         summary["wall_s"] = round(time.perf_counter() - t0, 2)
         summary["timing"] = self.clock.report()
         self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -14,8 +14,8 @@ import pytest
 from conftest import REPO, compose, run_inprocess
 
 from fp8eval.core import filehash
-from fp8eval.engines import vllm_common as vc
 from fp8eval.engines.fake import FakeEngine
+from fp8eval.engines.vllm import stats as vstats
 from fp8eval.token_counts import TokenCountCache
 
 FAST = ["engine=fake", "engine.script=needle", "task.lengths=[1024,2048]", "task.depths=[0,100]"]
@@ -63,9 +63,9 @@ def test_rerun_plans_from_cached_token_counts(tmp_path, monkeypatch):
 
 
 def test_reference_engine_describes_itself_without_torch_or_transformers():
-    code = ("import sys; from conftest import compose; from fp8eval.engines import build_engine;"
+    code = ("import sys; from conftest import compose; from fp8eval.arms import arm_spec; from fp8eval.engines import build_engine;"
             "cfg = compose(['engine=reference', 'engine.device=auto']);"
-            "e = build_engine(cfg, cfg.kv, {}); e.describe(); e.token_count_key();"
+            "e = build_engine(cfg, arm_spec(cfg, cfg.kv), {}); e.describe(); e.token_count_key();"
             "print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
@@ -168,8 +168,8 @@ def test_prefill_counters_from_prometheus_text():
         'vllm:prefix_cache_queries_total{engine="0",model_name="m"} 4075.0',
         'vllm:prompt_tokens_created{engine="0",model_name="m"} 1.7e9',
     ])
-    totals = vc.metric_totals(text, ("prompt_tokens", "prefix_cache_hits", "prefix_cache_queries"))
+    totals = vstats.metric_totals(text, ("prompt_tokens", "prefix_cache_hits", "prefix_cache_queries"))
     assert totals == {"prompt_tokens": 4100.0, "prefix_cache_hits": 3072.0, "prefix_cache_queries": 4075.0}
-    stats = vc.prefill_stats(totals)
+    stats = vstats.prefill_stats(totals)
     assert stats["computed_prefill_tokens"] == 1028 and stats["prefix_cache_hit_rate"] == round(3072 / 4100, 6)
-    assert vc.prefill_stats(None) is None and vc.prefill_stats({"prompt_tokens": 0.0}) is None
+    assert vstats.prefill_stats(None) is None and vstats.prefill_stats({"prompt_tokens": 0.0}) is None

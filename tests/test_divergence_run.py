@@ -8,8 +8,8 @@ import pytest
 
 pytest.importorskip("transformers")
 
+from fp8eval.divergence.__main__ import register  # noqa: E402
 from fp8eval.divergence.run import run  # noqa: E402
-from fp8eval.registry import register_divergence_configs  # noqa: E402
 
 
 def _cfg(tmp_path, *overrides):
@@ -17,7 +17,7 @@ def _cfg(tmp_path, *overrides):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    register_divergence_configs()
+    register()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="divergence", overrides=[
             f"records_dir={tmp_path / 'records'}", "divergence.lengths=[96]", "divergence.plot=false",
@@ -65,7 +65,7 @@ class _FakeVLLM:
     kind = "vllm"
     calls = 0
 
-    def __init__(self, cfg, kv, shared=None):
+    def __init__(self, cfg, kv, shared=None, kind=None):
         self.kv = kv
         self.preflight = {"cache_dtype": kv.engine_args.get("kv_cache_dtype", "auto")}
 
@@ -92,7 +92,9 @@ def test_topk_path_with_a_vllm_like_engine(tmp_path, monkeypatch):
     import fp8eval.divergence.run as R
 
     monkeypatch.setattr(R, "load_tokenizer", lambda model: _FakeTok())
-    monkeypatch.setattr(R, "build_engine", _FakeVLLM)
+    import fp8eval.arms as A
+
+    monkeypatch.setattr(A, "build_engine", _FakeVLLM)  # every wing opens its engines through fp8eval.arms
     monkeypatch.setattr(R, "resolve_kind", lambda cfg: "vllm")
     cfg = _cfg(tmp_path, "kv=fp8", "engine=vllm", "divergence.lengths=[300]", "divergence.topk=5",
                "divergence.plot=true")
@@ -139,3 +141,23 @@ def test_vllm_worker_prompt_logprobs_parsing(monkeypatch):
     w.llm = LLM()
     got = w.prompt_logprobs([1, 3, 4], 2)
     assert got["ids"] == [[7, 8], [9, 4]] and got["logprobs"] == [[-0.1, -2.0], [-0.5, -1.0]]
+
+
+def test_bf16_control_arm_is_not_collapsed_into_its_baseline(tmp_path, monkeypatch):
+    """kv=bf16 with other engine args is a control arm: measured against the plain bf16 baseline (two arms,
+    two fingerprints), not compared with itself (which printed 0); kv=bf16 alone stays one arm."""
+    import fp8eval.arms as A
+    import fp8eval.divergence.run as R
+
+    monkeypatch.setattr(R, "load_tokenizer", lambda model: _FakeTok())
+    monkeypatch.setattr(A, "build_engine", _FakeVLLM)
+    monkeypatch.setattr(R, "resolve_kind", lambda cfg: "vllm")
+    same = run(_cfg(tmp_path, "kv=bf16", "engine=vllm", "divergence.topk=5"), tmp_path / "same", out=lambda s: None)
+    assert list(same["arms"]) == ["bf16"] and same["overall"]["kl_mean"] == 0
+    control = run(_cfg(tmp_path, "kv=bf16", "engine=vllm", "divergence.topk=5", "++kv.engine_args.enforce_eager=true"),
+                  tmp_path / "control", out=lambda s: None)
+    assert control["baseline"] == "bf16" and control["kv"] == "bf16-variant"
+    assert set(control["arms"]) == {"bf16", "bf16-variant"}
+    assert control["arms"]["bf16"]["fingerprint"] == same["arms"]["bf16"]["fingerprint"]
+    assert control["arms"]["bf16-variant"]["fingerprint"] != same["arms"]["bf16"]["fingerprint"]
+    assert control["overall"]["kl_mean"] > 0  # the stand-in perturbs every arm but the one named bf16

@@ -110,6 +110,47 @@ def test_lower_rooms_never_import_the_runner_report_or_clis():
             assert not bad, f"{mod} imports {bad}"
 
 
+# The declared floors (docs/ARCHITECTURE.md, "Rooms and arrows"), lowest first: every top-level module or
+# package of fp8eval has one, and an import may point only to the same floor or below. A new module must be
+# placed here to pass.
+RANKS = {
+    "core": 0, "__init__": 0,
+    "config": 1, "validate": 1, "quant": 1, "models": 1, "scales": 1,  # dataclasses, input checks, files
+    "metrics": 2,
+    "scoring": 3, "sandbox": 3,
+    "tasks": 4,
+    "engines": 5,
+    "records": 6,
+    "report": 7,
+    "runner": 8, "arms": 8, "shard": 8, "plan": 8, "token_counts": 8, "overrides": 8,
+    "registry": 9,
+    "calibrate": 10, "divergence": 10, "perf": 10, "probe": 10,  # the wings
+    "sensitivity": 11,  # builds on divergence's measures and passages
+    "__main__": 12, "hydra_callbacks": 12,
+}
+# The one import allowed to run back up: the `${calibrated:<strategy>}` resolver that every Hydra CLI shares
+# needs the calibration store to name the latest checkpoint.
+UPWARD_ALLOWED = {("fp8eval.registry", "fp8eval.calibrate.store")}
+
+
+def _floor(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def test_every_top_level_module_has_a_floor():
+    missing = sorted({_floor(m) for m in _modules()} - set(RANKS))
+    assert not missing, f"place these in tests/test_layers.py RANKS (and docs/ARCHITECTURE.md): {missing}"
+    stale = sorted(set(RANKS) - {_floor(m) for m in _modules()})
+    assert not stale, f"RANKS names modules that no longer exist: {stale}"
+
+
+def test_every_import_points_down_the_declared_order():
+    up = sorted((mod, dep) for mod, deps in import_graph().items() for dep in deps
+                if RANKS[_floor(dep)] > RANKS[_floor(mod)] and (mod, dep) not in UPWARD_ALLOWED)
+    assert not up, "imports pointing up the floors: " + ", ".join(f"{a} -> {b}" for a, b in up)
+
+
 def test_no_module_over_500_lines():
     long = {str(p.relative_to(REPO)): n for p in PKG.rglob("*.py")
             if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_LINES}

@@ -10,6 +10,7 @@ import pytest
 from fake_openai_server import FakeOpenAIServer, echo_logprob, token_id, word_tokens
 from test_server_engine import BF16, make_cfg
 
+from fp8eval.arms import arm_spec
 from fp8eval.engines.base import Request, decode_loglikelihoods
 from fp8eval.engines.server import ServerEngine
 
@@ -67,7 +68,7 @@ def test_worker_score_with_a_stub_vllm(monkeypatch):
 
 def test_server_echo_logprobs():
     with FakeOpenAIServer() as srv:
-        eng = ServerEngine(make_cfg(srv.url), BF16)
+        eng = ServerEngine(make_cfg(srv.url), arm_spec(make_cfg(srv.url), BF16))
         req = Request(id="r", messages=(), n=1, seeds=(0,), sampling={},
                       logprob_pairs=(("The sky is ", "blue today"), ("", "word")))
         (comp,) = list(eng.loglikelihood([req]))

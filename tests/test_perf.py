@@ -28,9 +28,9 @@ def compose_perf(overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from fp8eval.perf.config import register_configs
+    from fp8eval.perf.__main__ import register
 
-    register_configs()
+    register()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         return OmegaConf.to_object(compose(config_name="perf", overrides=overrides))
 

@@ -10,11 +10,18 @@ from pathlib import Path
 import pytest
 from conftest import compose, run_inprocess
 
-from fp8eval.engines import attention, engine_args
+from fp8eval.arms import arm_spec
+from fp8eval.engines import attention
 from fp8eval.engines.base import EngineError
 from fp8eval.records import fingerprint_hash
 
 sys.path.insert(0, str(Path(__file__).parent))
+
+
+def engine_args(cfg, kv) -> dict:
+    """The arm's merged engine args, as every engine reads them (`ArmSpec.engine_args`)."""
+    return arm_spec(cfg, kv).engine_args
+
 
 
 def test_names_normalise_and_unknown_ones_fail():

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from fp8eval.arms import arm_spec
 from fp8eval.engines.base import EngineError
 from fp8eval.engines.pool import PoolEngine, build_server_engine, odd_replicas
 from fp8eval.engines.server import ServerEngine
@@ -34,8 +35,8 @@ def pool_cfg(urls, kv_name="bf16", **engine):
 
 def test_one_url_in_a_list_is_a_plain_server_with_the_same_fingerprint():
     with FakeOpenAIServer() as srv:
-        single = build_server_engine(make_cfg(srv.url), BF16)
-        listed = build_server_engine(pool_cfg([srv.url]), BF16)
+        single = build_server_engine(make_cfg(srv.url), arm_spec(make_cfg(srv.url), BF16))
+        listed = build_server_engine(pool_cfg([srv.url]), arm_spec(pool_cfg([srv.url]), BF16))
         assert type(single) is type(listed) is ServerEngine
         assert single.describe() == listed.describe()
         single.close()
@@ -47,8 +48,8 @@ def test_pool_of_three_spreads_load_and_describes_like_one_server():
     try:
         for s in servers:
             s.slow_next, s.slow_s = 1000, 0.02
-        pool = build_server_engine(pool_cfg([s.url for s in servers], concurrency=2), BF16)
-        one = ServerEngine(make_cfg(servers[0].url), BF16)
+        pool = build_server_engine(pool_cfg([s.url for s in servers], concurrency=2), arm_spec(pool_cfg([s.url for s in servers], concurrency=2), BF16))
+        one = ServerEngine(make_cfg(servers[0].url), arm_spec(make_cfg(servers[0].url), BF16))
         assert isinstance(pool, PoolEngine) and pool.describe() == one.describe()
         one.close()
         reqs = requests(18, n=2)
@@ -66,7 +67,7 @@ def test_pool_of_three_spreads_load_and_describes_like_one_server():
 def test_replica_that_differs_is_refused_by_name():
     a, b, c = (FakeOpenAIServer(), FakeOpenAIServer(), FakeOpenAIServer(version="0.31.0"))
     with a, b, c, pytest.raises(EngineError) as err:
-        build_server_engine(pool_cfg([a.url, b.url, c.url]), BF16)
+        build_server_engine(pool_cfg([a.url, b.url, c.url]), arm_spec(pool_cfg([a.url, b.url, c.url]), BF16))
     msg = str(err.value)
     assert f"replica 2 ({c.url})" in msg and "server_version" in msg and "0.31.0" in msg
     assert "replica 0" not in msg and "replica 1" not in msg
@@ -76,7 +77,7 @@ def test_replica_that_differs_is_refused_by_name():
 def test_replica_failing_its_own_preflight_is_named():
     a, b = FakeOpenAIServer(cache_dtype="fp8"), FakeOpenAIServer(cache_dtype="auto")
     with a, b, pytest.raises(EngineError, match=rf"Replica 1 \({b.url}\) of arm fp8 failed its preflight"):
-        build_server_engine(pool_cfg([a.url, b.url], kv_name="fp8"), FP8)
+        build_server_engine(pool_cfg([a.url, b.url], kv_name="fp8"), arm_spec(pool_cfg([a.url, b.url], kv_name="fp8"), FP8))
 
 
 def test_odd_replicas_majority_and_tie():
@@ -87,7 +88,7 @@ def test_odd_replicas_majority_and_tie():
 
 def test_all_replicas_down_stops_with_a_clear_error():
     a, b = FakeOpenAIServer().start(), FakeOpenAIServer().start()
-    pool = build_server_engine(pool_cfg([a.url, b.url], max_retries=1), BF16)
+    pool = build_server_engine(pool_cfg([a.url, b.url], max_retries=1), arm_spec(pool_cfg([a.url, b.url], max_retries=1), BF16))
     a.stop()
     b.stop()
     with pytest.raises(EngineError, match="Every replica of arm bf16 is down"):

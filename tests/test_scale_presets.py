@@ -74,11 +74,11 @@ def test_ray_launcher_composes():
 
 
 def test_tp_in_the_fingerprint_dp_not():
-    from fp8eval.engines import engine_args
+    from fp8eval.arms import arm_spec
 
     def view(overrides):
         cfg = compose(["engine=vllm", *overrides])
-        return fingerprint_view({"kind": "vllm", "engine_args": engine_args(cfg, cfg.kv)})
+        return fingerprint_view({"kind": "vllm", "engine_args": arm_spec(cfg, cfg.kv).engine_args})
 
     base = view([])
     assert view(["+engine.engine_args.data_parallel_size=4"]) == base

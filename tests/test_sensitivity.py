@@ -24,9 +24,9 @@ def compose_sensitivity(overrides: list[str]):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from fp8eval.registry import register_sensitivity_configs
+    from fp8eval.sensitivity.__main__ import register
 
-    register_sensitivity_configs()
+    register()
     with initialize_config_dir(config_dir=str(REPO / "conf"), version_base="1.3"):
         cfg = compose(config_name="sensitivity", overrides=overrides)
     return OmegaConf.to_object(cfg)
@@ -131,7 +131,8 @@ def _fake_result() -> dict:
 def test_skip_list_override_and_written_kv_option_compose(tmp_path):
     from conftest import compose
 
-    from fp8eval.engines.vllm_common import merged_engine_args
+    from fp8eval.arms import arm_spec
+    from fp8eval.engines.vllm.args import vllm_engine_args
     from fp8eval.overrides import free_dict_overrides
     from fp8eval.sensitivity import outputs
 
@@ -139,7 +140,7 @@ def test_skip_list_override_and_written_kv_option_compose(tmp_path):
     assert argv[1].startswith("++")
     cfg = compose(argv)
     assert list(cfg.kv.engine_args["kv_cache_dtype_skip_layers"]) == [2, 7]
-    assert merged_engine_args(cfg, cfg.kv)["kv_cache_dtype_skip_layers"] == ["2", "7"]  # vLLM: list[str]
+    assert vllm_engine_args(cfg, arm_spec(cfg, cfg.kv))["kv_cache_dtype_skip_layers"] == ["2", "7"]  # vLLM: list[str]
 
     (tmp_path / "conf" / "kv").mkdir(parents=True)
     text = outputs.kv_option_yaml(_fake_result(), cfg.kv)
@@ -157,13 +158,16 @@ ISSUE_FIELDS = {"index", "attention_type", "k_amax", "v_amax", "sat_rate", "ftz_
 
 
 def _flow(model: str, length: int):
-    from fp8eval.sensitivity.passes import Passes
-    from fp8eval.sensitivity.run import baseline_kv, run
+    import tempfile
 
+    from fp8eval.sensitivity.passes import Passes
+    from fp8eval.sensitivity.run import run
+
+    records = tempfile.mkdtemp(prefix="fp8eval-sensitivity-")
     cfg = compose_sensitivity([f"model={model}", f"sensitivity.lengths=[{length}]", "sensitivity.progress=false",
-                               "engine.threads=1"])
+                               "engine.threads=1", f"records_dir={records}"])
     try:
-        result = run(cfg, baseline_kv(cfg.baseline, cfg.model.name), log=lambda *a: None)
+        result = run(cfg, log=lambda *a: None)
     except Exception as e:
         if "embedded model" in str(e):
             pytest.skip(f"embedded model unavailable: {e}")
@@ -199,13 +203,25 @@ def test_smollm2_flow_fields_and_the_skip_list_lowers_divergence(smollm2_flow, t
 
 
 @pytest.mark.slow
+def test_a_rerun_resumes_every_pass_and_gives_the_same_numbers(smollm2_flow):
+    from fp8eval.sensitivity.run import run
+
+    cfg, first, _ = smollm2_flow
+    assert first["passages_reused"] == 0 and len(first["fingerprint"]) == 64
+    again = run(cfg, log=lambda *a: None)
+    assert again["passages_reused"] == len(first["passages"]) and again["fingerprint"] == first["fingerprint"]
+    assert {k: v for k, v in again.items() if k != "passages_reused"} == \
+        {k: v for k, v in first.items() if k != "passages_reused"}
+
+
+@pytest.mark.slow
 def test_all_layers_skipped_gives_zero_divergence(smollm2_flow):
+    from fp8eval.arms import open_engines, resolve_arms
     from fp8eval.divergence.measures import BucketAccumulator
     from fp8eval.sensitivity.passes import Baseline, Passes, compare
-    from fp8eval.sensitivity.run import baseline_kv
 
     cfg, _, _ = smollm2_flow
-    p = Passes(cfg, baseline_kv("bf16", cfg.model.name))
+    p = Passes(cfg, open_engines(cfg), resolve_arms(cfg))
     doc = p.passages(1, [24])[0]
     base = Baseline(p, p.hidden(p.bf16, doc.ids), 1.0)
     zero, full = BucketAccumulator(), BucketAccumulator()

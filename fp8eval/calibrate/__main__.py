@@ -18,15 +18,22 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from fp8eval.calibrate.config import CalibrateConfig, CalibrationError, unknown_calib_keys
+from fp8eval.calibrate.config import CalibConfig, CalibrateConfig, CalibrationError, unknown_calib_keys
 from fp8eval.calibrate.run import calibrate
 from fp8eval.core.paths import CONF_DIR
-from fp8eval.registry import register_calibrate_configs
+from fp8eval.registry import register_wing
+
+
+def register() -> None:
+    """ConfigStore: the shared groups, `calibrate_schema` (conf/calibrate.yaml) and `schema/calib/calib`."""
+    register_wing("calibrate_schema", CalibrateConfig, {"schema/calib/calib": CalibConfig})
+
+
+register()
 
 
 def main() -> None:
     """The Hydra app; the checkpoint directory is the last stdout line."""
-    register_calibrate_configs()
 
     @hydra.main(config_path=str(CONF_DIR), config_name="calibrate", version_base="1.3")
     def app(cfg: DictConfig) -> None:

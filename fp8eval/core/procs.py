@@ -1,7 +1,7 @@
 """Child processes die with their parent, whatever kills the parent (Linux: PR_SET_PDEATHSIG).
 
 The kernel sends the signal when the parent *thread* that forked the child exits, so children are forked
-from the main thread (the scoring pool forks on the runner's thread; vLLM children in vllm_common).
+from the main thread (the scoring pool forks on the runner's thread; vLLM children in engines/vllm/child).
 """
 
 from __future__ import annotations

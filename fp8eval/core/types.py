@@ -82,3 +82,14 @@ class Completion:
     cached_prompt_tokens: int | None = None  # prompt tokens served from a prefix cache, if known
     latency_s: float = 0.0
     extra: dict = field(default_factory=dict)
+
+
+def encode_loglikelihoods(pairs: list[tuple[float, bool]]) -> str:
+    """The text of a scoring request's Choice: JSON [[logprob, is_greedy], ...], one per logprob pair, so the
+    records keep it as the completion and a task's pure score() reads it back (decode_loglikelihoods)."""
+    return json.dumps([[float(lp), bool(g)] for lp, g in pairs])
+
+
+def decode_loglikelihoods(text: str) -> list[tuple[float, bool]]:
+    """The inverse of encode_loglikelihoods."""
+    return [(float(lp), bool(g)) for lp, g in json.loads(text)]

@@ -10,9 +10,16 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from fp8eval.registry import register_divergence_configs
+from fp8eval.divergence.config import DivergenceRunConfig
+from fp8eval.registry import register_wing
 
-register_divergence_configs()
+
+def register() -> None:
+    """ConfigStore: the shared groups and `divergence_schema` (conf/divergence.yaml)."""
+    register_wing("divergence_schema", DivergenceRunConfig)
+
+
+register()
 
 
 @hydra.main(config_path="../../conf", config_name="divergence", version_base="1.3")

@@ -17,13 +17,13 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
-from fp8eval.arms import compose_kv
+from fp8eval.arms import ArmEngines, open_engines, resolve_arms
 from fp8eval.config import KVConfig, kv_fingerprint_view
 from fp8eval.core.hashing import canonical_json, fingerprint_hash
 from fp8eval.divergence import measures as M
 from fp8eval.divergence import sources
 from fp8eval.divergence.documents import Passage, load_tokenizer, passages
-from fp8eval.engines import build_engine, resolve_kind
+from fp8eval.engines import resolve_kind
 
 SCHEMA = 1
 TOPK_NOTE = ("KL over the tokens in both arms' top-k prompt_logprobs, both distributions renormalised to that "
@@ -124,6 +124,11 @@ def _measures(base: dict, var: dict, ref_engine, n_pos: int, topk: int):
 
 def run(cfg, run_dir: Path, out=print) -> dict:
     """Prefill every passage through the variant and the baseline arm, compare, write divergence.json."""
+    with open_engines(cfg) as door:  # the reference engine's model stays loaded for the measures
+        return _run(cfg, run_dir, door, out)
+
+
+def _run(cfg, run_dir: Path, door: ArmEngines, out) -> dict:
     t0 = time.perf_counter()
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -131,9 +136,8 @@ def run(cfg, run_dir: Path, out=print) -> dict:
     cfg = _engine_cfg(cfg)
     records = Path(cfg.records_dir).expanduser()
     records = records if records.is_absolute() else Path.cwd() / records
-    variant = cfg.kv if isinstance(cfg.kv, KVConfig) else OmegaConf.to_object(cfg.kv)
-    same = cfg.baseline in (None, "", "none", variant.name)
-    arms = [(variant.name, variant)] + ([] if same else [(cfg.baseline, compose_kv(cfg.baseline, cfg.model.name))])
+    arms = resolve_arms(cfg)  # [baseline, variant], or one arm compared with itself (fp8eval.arms)
+    base_name, var_name = arms[0].name, arms[-1].name
     # vLLM needs room for one generated token after the prompt: a passage is at most max_model_len - 1.
     limit = int(cfg.model.max_model_len) - 1
     too_long = [n for n in dcfg.lengths if n > limit]
@@ -141,17 +145,17 @@ def run(cfg, run_dir: Path, out=print) -> dict:
         out(f"skipped lengths {too_long}: above model.max_model_len - 1 = {limit} (never truncated)")
     lengths = [n for n in dcfg.lengths if n <= limit]
     docs = passages(load_tokenizer(cfg.model), lengths, int(dcfg.documents))
-    shared: dict = {}
     data: dict[str, dict[str, dict]] = {}
     arm_info: dict[str, dict] = {}
     ref_engine = None
     kind = None
-    for name, kv in arms:  # the variant first: a configuration the engine cannot serve fails early
-        engine = build_engine(cfg, kv, shared)
+    for arm in arms[::-1]:  # the variant first: a configuration the engine cannot serve fails early
+        name = arm.name
+        engine = door.open(arm)
         kind = None
         try:
             kind = sources.source_kind(engine)
-            fp, material = arm_fingerprint(cfg, engine, kv, kind)
+            fp, material = arm_fingerprint(cfg, engine, arm.kv, kind)
             cache = ArmCache(records, fp, material)
             data[name], computed = {}, 0
             for p in docs:
@@ -169,16 +173,15 @@ def run(cfg, run_dir: Path, out=print) -> dict:
                 arm_info[name]["preflight"] = engine.preflight
         finally:
             if kind == "hidden":
-                ref_engine = engine  # keeps the shared model for lm_head; nothing to free
+                ref_engine = engine  # keeps the shared model for lm_head (closed with the door)
             else:
-                engine.close()
-    base_name = variant.name if same else cfg.baseline
+                door.close(engine)
     edges = tuple(int(e) for e in dcfg.edges)
     overall, by_length, topk_view = M.BucketAccumulator(edges=edges), {}, M.BucketAccumulator(edges=edges)
     shared_counts = []
     for p in docs:
         n_pos = p.length - 1  # the distribution after the last token predicts nothing in the passage
-        main, approx = _measures(data[base_name][p.key], data[variant.name][p.key], ref_engine, n_pos,
+        main, approx = _measures(data[base_name][p.key], data[var_name][p.key], ref_engine, n_pos,
                                  int(dcfg.topk))
         kl, top1, dlogp, n_shared = main
         pos = np.arange(n_pos)
@@ -189,7 +192,7 @@ def run(cfg, run_dir: Path, out=print) -> dict:
         if approx is not None:
             topk_view.add(pos, *approx[:3])
     result = {
-        "model": cfg.model.name, "kv": variant.name, "baseline": base_name, "engine": resolve_kind(cfg),
+        "model": cfg.model.name, "kv": var_name, "baseline": base_name, "engine": resolve_kind(cfg),
         "method": "exact_full_vocabulary" if kind == "hidden" else "topk_shared_renormalised",
         "topk": None if kind == "hidden" else int(dcfg.topk),
         "approximation": EXACT_NOTE if kind == "hidden" else TOPK_NOTE,

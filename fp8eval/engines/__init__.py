@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import importlib
 
-from fp8eval.config import KVConfig, RunConfig
+from fp8eval.config import RunConfig
 from fp8eval.engines.base import Engine, EngineError
-from fp8eval.engines.spec import ArmSpec, merged_engine_args
+from fp8eval.engines.spec import ArmSpec
 
 # kind -> "module:Class"; imported only when that kind is used (vLLM and torch are heavy).
 ENGINES: dict[str, str] = {
@@ -16,16 +16,6 @@ ENGINES: dict[str, str] = {
     # One URL or a managed server: ServerEngine; several URLs for an arm: a replica pool.
     "server": "fp8eval.engines.pool:build_server_engine",
 }
-
-
-def engine_args(cfg: RunConfig, arm: ArmSpec | KVConfig) -> dict:
-    """vLLM EngineArgs for an arm: model config, then kv config, then engine config (later wins)."""
-    return dict(as_arm(cfg, arm).engine_args)
-
-
-def as_arm(cfg: RunConfig, arm: ArmSpec | KVConfig) -> ArmSpec:
-    """An ArmSpec as is; a bare KVConfig (library use: one arm, no baseline) wrapped into one."""
-    return arm if isinstance(arm, ArmSpec) else ArmSpec(arm, "single", merged_engine_args(cfg, arm))
 
 
 def resolve_kind(cfg: RunConfig) -> str:
@@ -66,11 +56,15 @@ def _is_local_dir(path: str) -> bool:
     return Path(str(path)).expanduser().is_dir()
 
 
-def build_engine(cfg: RunConfig, arm: ArmSpec | KVConfig, shared: dict | None = None) -> Engine:
-    """The engine for one arm. Every engine reads the kv setting from the ArmSpec only; `shared` lets
-    the two arms of a run share what does not depend on the arm (the reference engine's loaded model)."""
-    kind = resolve_kind(cfg)
+def build_engine(cfg: RunConfig, arm: ArmSpec, shared: dict | None = None, kind: str | None = None) -> Engine:
+    """The engine for one arm (`kind` forces an engine kind, else `engine.kind` resolved). Every engine
+    reads the kv setting from the ArmSpec only; `shared` lets the arms of a run share what does not depend
+    on the arm (the reference engine's loaded model). Wings open engines through `fp8eval.arms`."""
+    if not isinstance(arm, ArmSpec):
+        raise TypeError(f"build_engine takes an ArmSpec, not {type(arm).__name__}: make one with "
+                        "fp8eval.arms.arm_spec(cfg, kv) or fp8eval.arms.resolve_arms(cfg)")
+    kind = kind or resolve_kind(cfg)
     if kind not in ENGINES:
         raise EngineError(f"unknown engine kind {kind!r}; valid: auto, {', '.join(sorted(ENGINES))}")
     module, _, cls = ENGINES[kind].partition(":")
-    return getattr(importlib.import_module(module), cls)(cfg, as_arm(cfg, arm), shared)
+    return getattr(importlib.import_module(module), cls)(cfg, arm, shared)

@@ -7,22 +7,16 @@ they arrive and a crash loses only the requests in flight.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Iterable, Iterator, Protocol, runtime_checkable
 
 from fp8eval.core.errors import Fp8evalError
-from fp8eval.core.types import Choice, Completion, Request  # noqa: F401 - the engine API's types
-
-
-def encode_loglikelihoods(pairs: list[tuple[float, bool]]) -> str:
-    """The text of a scoring request's Choice: JSON [[logprob, is_greedy], ...], one per logprob pair, so the
-    records keep it as the completion and a task's pure score() reads it back (decode_loglikelihoods)."""
-    return json.dumps([[float(lp), bool(g)] for lp, g in pairs])
-
-
-def decode_loglikelihoods(text: str) -> list[tuple[float, bool]]:
-    """The inverse of encode_loglikelihoods."""
-    return [(float(lp), bool(g)) for lp, g in json.loads(text)]
+from fp8eval.core.types import (  # noqa: F401 - the engine API's types
+    Choice,
+    Completion,
+    Request,
+    decode_loglikelihoods,
+    encode_loglikelihoods,
+)
 
 
 class EngineError(Fp8evalError):

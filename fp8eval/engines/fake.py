@@ -20,8 +20,9 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from fp8eval.config import KVConfig, RunConfig
+from fp8eval.config import RunConfig
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
+from fp8eval.engines.spec import ArmSpec
 
 
 def _last_user(req: Request) -> str:
@@ -57,13 +58,13 @@ RULES: dict[str, Callable[[Request, int], str]] = {"echo": rule_echo, "needle": 
 class FakeEngine:
     kind = "fake"
 
-    def __init__(self, cfg: RunConfig, kv: KVConfig, shared: dict | None = None):
+    def __init__(self, cfg: RunConfig, arm: ArmSpec, shared: dict | None = None):
         self.cfg = cfg
-        self.kv = kv
+        self.kv = kv = arm
         self.script = cfg.engine.script
         self.cache_dtype = str(kv.engine_args.get("kv_cache_dtype", "auto"))
-        self.error_rate = float(cfg.engine.engine_args.get("fake_fp8_error", 0.0)) if self.cache_dtype != "auto" else 0.0
-        self.delay_s = float(cfg.engine.engine_args.get("fake_delay_s", 0.0))
+        self.error_rate = float(arm.engine_args.get("fake_fp8_error", 0.0)) if self.cache_dtype != "auto" else 0.0
+        self.delay_s = float(arm.engine_args.get("fake_delay_s", 0.0))
         self.sent = 0
         self._fn = self._resolve(self.script)
 

@@ -23,8 +23,8 @@ from collections import Counter, deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+from fp8eval.config import RunConfig
 from fp8eval.engines import async_bridge
-from fp8eval.engines import vllm_common as vc
 from fp8eval.engines.base import Completion, EngineError, Request
 from fp8eval.engines.server import ServerEngine
 from fp8eval.engines.server.answers import BadAnswer
@@ -36,12 +36,14 @@ from fp8eval.engines.server.client import (
     retryable_status,
 )
 from fp8eval.engines.server.client import short_error as _short
+from fp8eval.engines.spec import ArmSpec
+from fp8eval.engines.vllm import stats as vstats
 
 # Preflight fields every replica must share (cache_config is compared label by label).
 IDENTITY_KEYS = ("server_version", "served_model", "model_root", "max_model_len", "attention_backend")
 
 
-def arm_urls(cfg, kv) -> list[str]:
+def arm_urls(cfg: RunConfig, kv: ArmSpec) -> list[str]:
     """The URLs of an arm's external server(s): `engine.base_urls[kv]` (a string or a list), else
     `engine.base_url`; empty for a managed server."""
     e = cfg.engine
@@ -57,14 +59,14 @@ def arm_urls(cfg, kv) -> list[str]:
     return urls
 
 
-def one_url_cfg(cfg, kv, url: str):
+def one_url_cfg(cfg: RunConfig, kv: ArmSpec, url: str):
     """The run config with this arm pointed at exactly one URL (what ServerEngine expects)."""
     urls = dict(cfg.engine.base_urls or {})
     urls[kv.name] = url
     return dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, base_url=url, base_urls=urls))
 
 
-def build_server_engine(cfg, kv, shared: dict | None = None):
+def build_server_engine(cfg: RunConfig, kv: ArmSpec, shared: dict | None = None):
     """ServerEngine for a managed server or one URL, PoolEngine for several."""
     urls = arm_urls(cfg, kv)
     if not urls:
@@ -114,7 +116,7 @@ class PoolEngine:
 
     kind = "server"
 
-    def __init__(self, cfg, kv, urls: list[str], shared: dict | None = None):
+    def __init__(self, cfg: RunConfig, kv: ArmSpec, urls: list[str], shared: dict | None = None):
         self.cfg = cfg
         self.kv = kv
         self.concurrency = max(1, int(cfg.engine.concurrency))
@@ -183,7 +185,7 @@ class PoolEngine:
 
     def prefill_stats(self) -> dict | None:
         """Prefill work of this arm, summed over the replicas' /metrics counters."""
-        return vc.prefill_stats(self._prefill)
+        return vstats.prefill_stats(self._prefill)
 
     def _counters(self) -> dict[str, float] | None:
         total: dict[str, float] = {}

@@ -15,13 +15,13 @@ from fp8eval.config import (
     ACCUMULATION_MODES,
     ATTENTION_MODES,
     KV_EMULATION_DEFAULTS,
-    KVConfig,
     RunConfig,
     emulation_in_effect,
 )
 from fp8eval.core.hub import known_offline_reason
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
 from fp8eval.engines.prompting import plain_prompt_text
+from fp8eval.engines.spec import ArmSpec
 
 _DTYPES = {"float32": "float32", "bfloat16": "bfloat16", "float16": "float16"}
 
@@ -36,14 +36,12 @@ def _version(pkg: str) -> str | None:
 class ReferenceEngine:
     kind = "reference"
 
-    def __init__(self, cfg: RunConfig, kv: KVConfig, shared: dict | None = None):
+    def __init__(self, cfg: RunConfig, arm: ArmSpec, shared: dict | None = None):
         self.cfg = cfg
-        self.kv = kv
+        self.kv = kv = arm
         # Arms of one run share the loaded model (only the cache policy differs), keyed by model dir.
         self._shared = shared if shared is not None else {}
-        from fp8eval.engines import engine_args
-
-        args = engine_args(cfg, kv)
+        args = arm.engine_args
         self.cache_dtype = str(args.get("kv_cache_dtype", "auto"))
         if self.cache_dtype not in ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"):
             raise EngineError(
@@ -362,7 +360,7 @@ def _cpu_numerics() -> dict:
     return cpu_numerics.describe()
 
 
-def _check_emulation(kv: KVConfig) -> None:
+def _check_emulation(kv: ArmSpec) -> None:
     """Unknown kv.attention / kv.accumulation names fail here, with the valid ones."""
     if kv.attention not in ATTENTION_MODES:
         raise EngineError(f"kv.attention={kv.attention!r}; valid: {', '.join(ATTENTION_MODES)}")

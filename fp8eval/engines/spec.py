@@ -16,22 +16,18 @@ class ArmSpec:
     """One arm: its kv option and the vLLM engine args it runs with (model < kv < engine, later wins).
 
     Engines take everything about the kv setting from here: `engine_args` (real vLLM `EngineArgs` names,
-    `kv_cache_dtype` and `kv_cache_dtype_skip_layers` among them) and the scales fields. The field names
-    mirror `KVConfig`'s so an engine reads `arm.name`, `arm.scales`, ... as it read the kv config."""
+    `kv_cache_dtype` and `kv_cache_dtype_skip_layers` among them, already merged: engines never merge again)
+    and the scales and emulation fields. Made by `fp8eval.arms` (the one door), never by an engine."""
 
     kv: KVConfig
-    role: str  # baseline | variant | single
+    role: str  # baseline | variant | single | arm
     engine_args: dict[str, Any]
+    label: str = ""  # the arm's name when it is not the kv option's (a control arm: `bf16-variant`)
 
     @property
     def name(self) -> str:
-        """The kv option's name."""
-        return self.kv.name
-
-    @property
-    def description(self) -> str:
-        """The kv option's description."""
-        return self.kv.description
+        """The arm's name: its label, else the kv option's name (summary.json's key, `engine.base_urls`' key)."""
+        return self.label or self.kv.name
 
     @property
     def scales(self) -> str | None:
@@ -57,16 +53,6 @@ class ArmSpec:
     def accumulation(self) -> str:
         """The reference engine's P·V accumulation (exact | fast_fp8)."""
         return self.kv.accumulation
-
-    @property
-    def kv_cache_dtype(self) -> str:
-        """The cache dtype this arm asks for ("auto" = the model's dtype, i.e. BF16 here)."""
-        return str(self.engine_args.get("kv_cache_dtype", "auto"))
-
-    @property
-    def skip_layers(self) -> list:
-        """Layers whose cache stays in the model dtype: indices and/or "sliding_window"."""
-        return list(self.engine_args.get("kv_cache_dtype_skip_layers") or [])
 
 
 def merged_engine_args(cfg: RunConfig, kv: KVConfig) -> dict[str, Any]:

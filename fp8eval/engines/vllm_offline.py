@@ -20,9 +20,11 @@ import time
 import traceback
 from typing import Any, Iterable, Iterator
 
+from fp8eval.config import RunConfig
 from fp8eval.engines import attention, vllm_scoring
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
 from fp8eval.engines.prompting import plain_prompt_text
+from fp8eval.engines.spec import ArmSpec
 from fp8eval.engines.vllm import args as vargs
 from fp8eval.engines.vllm import child as vchild
 from fp8eval.engines.vllm import kvcheck, logscan
@@ -34,15 +36,15 @@ WORKER_MODULE = "fp8eval.engines.vllm_offline"
 class VLLMOfflineEngine:
     kind = "vllm"
 
-    def __init__(self, cfg, kv, shared: dict | None = None):
+    def __init__(self, cfg: RunConfig, arm: ArmSpec, shared: dict | None = None):
         self.cfg = cfg
-        self.kv = kv
-        self.args = vargs.plain(self._engine_args(cfg, kv))
+        self.kv = arm
+        self.args = vargs.vllm_engine_args(cfg, arm)
         self.requested_kv = kvcheck.requested_kv(self.args)
         self.trust_declared_kv = bool(getattr(cfg.engine, "trust_declared_kv", False))
         self.threads = getattr(cfg.engine, "threads", None)
         self.log_dir = vargs.log_dir(cfg)
-        self.log_path = self.log_dir / f"vllm-{getattr(kv, 'name', 'arm')}-{os.getpid()}-{int(time.time())}.log"
+        self.log_path = self.log_dir / f"vllm-{arm.name}-{os.getpid()}-{int(time.time())}.log"
         self.python = vargs.vllm_python()
         self.preflight: dict[str, Any] = {}
         self.warnings: dict[str, list[str]] = {}
@@ -54,10 +56,6 @@ class VLLMOfflineEngine:
         self._start()
 
     # -- construction ------------------------------------------------------------------------------
-
-    @staticmethod
-    def _engine_args(cfg, kv) -> dict[str, Any]:
-        return vargs.merged_engine_args(cfg, kv)
 
     def _start(self) -> None:
         kvcheck.precheck_fp8_on_cpu(self.args)

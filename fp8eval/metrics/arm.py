@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Iterable, Sequence
 
 from fp8eval.metrics import stats
 from fp8eval.metrics.groups import label_sort_key
 from fp8eval.metrics.pairing import Paired, pair_records, recovery
 from fp8eval.metrics.select import is_scored, one_per_key
 
-__all__ = ["arm_summary", "mean_of", "paired_recovery", "score_stderr"]
+__all__ = ["arm_summary", "group_numbers", "grouped", "mean_of", "paired_recovery", "score_stderr"]
 
 
 def mean_of(xs: Sequence[float]) -> float | None:
@@ -30,29 +30,56 @@ def score_stderr(records: Sequence[dict]) -> tuple[float | None, float | None]:
     return mean_of(scores), (None if math.isnan(err) else err)
 
 
+def group_numbers(records: Sequence[dict]) -> dict:
+    """The numbers of one set of records (an arm, or one group or bucket of it), the same everywhere they are
+    shown (summary.json, the report's tables, MRCR's buckets): `score` and `stderr` (`score_stderr`) and
+    `length_cutoff_rate` over the scored records, `n_scored`, `n_samples`, `n_repeats` of them, and
+    `n_skipped`, `n_errors` over all of them. Rates and scores are None when nothing is scored."""
+    scored = [r for r in records if is_scored(r)]
+    score, stderr = score_stderr(scored)
+    return {
+        "score": score,
+        "stderr": stderr,
+        "n_scored": len(scored),
+        "n_samples": len({r.get("sample_id") for r in scored}),
+        "n_repeats": len({r.get("repeat") for r in scored}),
+        "n_skipped": sum(1 for r in records if r.get("status") == "skipped"),
+        "n_errors": sum(1 for r in records if r.get("status") == "error"),
+        "length_cutoff_rate": (sum(1 for r in scored if r.get("finish_reason") == "length") / len(scored)
+                               if scored else None),
+    }
+
+
+def grouped(records: Sequence[dict], labels_of: Callable[[dict], Iterable[str]] | None = None) -> dict[str, dict]:
+    """{label: group_numbers of the records carrying it}, in label order (`groups.label_sort_key`). A
+    record's labels are its `groups` unless `labels_of(record)` says otherwise (MRCR: its bucket)."""
+    labels_of = labels_of or (lambda r: r.get("groups") or ())
+    members: dict[str, list[dict]] = {}
+    for r in records:
+        for g in labels_of(r):
+            if g is not None:
+                members.setdefault(g, []).append(r)
+    return {g: group_numbers(rs) for g, rs in sorted(members.items(), key=lambda kv: label_sort_key(kv[0]))}
+
+
 def arm_summary(records: Sequence[dict]) -> dict:
     """An arm's summary.json entry (less what the runner adds). Records should be one per key
     (`select`); duplicates are resolved here too, so the number never depends on it."""
     records, n_replaced = one_per_key(records)
     scored = [r for r in records if is_scored(r)]
-    score, stderr = score_stderr(scored)
-    by_group: dict[str, list[dict]] = {}
-    for r in scored:
-        for g in r.get("groups") or ():
-            by_group.setdefault(g, []).append(r)
-    lengths = [r for r in scored if r.get("finish_reason") == "length"]
+    whole = group_numbers(records)
     out = {
-        "score": score,
-        "stderr": stderr,
-        "n_samples": len({r["sample_id"] for r in scored}),
-        "n_repeats": len({r["repeat"] for r in scored}),
-        "by_group": {g: mean_of([float(r["score"]) for r in rs])
-                     for g, rs in sorted(by_group.items(), key=lambda kv: label_sort_key(kv[0]))},
+        "score": whole["score"],
+        "stderr": whole["stderr"],
+        "n_samples": whole["n_samples"],
+        "n_repeats": whole["n_repeats"],
+        # groups with a scored record (a group of skipped records only has no score to show)
+        "by_group": {g: n["score"] for g, n in grouped(records).items() if n["n_scored"]},
         "n_records": len(records),
-        "n_scored": len(scored),
-        "n_skipped": sum(1 for r in records if r["status"] == "skipped"),
-        "n_errors": sum(1 for r in records if r["status"] == "error"),
-        "length_cutoff_rate": len(lengths) / len(scored) if scored else None,
+        "n_scored": whole["n_scored"],
+        "n_skipped": whole["n_skipped"],
+        "n_errors": whole["n_errors"],
+        "length_cutoff_rate": whole["length_cutoff_rate"],
         "mean_prompt_tokens": mean_of([r["prompt_tokens"] for r in scored if r.get("prompt_tokens") is not None]),
         "mean_output_tokens": mean_of([r["output_tokens"] for r in scored if r.get("output_tokens") is not None]),
         "prefix_cache_hit_rate": _hit_rate(records),

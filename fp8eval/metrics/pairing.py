@@ -95,6 +95,15 @@ def recovery(baseline: Sequence[dict], variant: Sequence[dict], paired: Paired |
     }
 
 
+def value_recovery(baseline: float | None, variant: float | None) -> float | None:
+    """Recovery % of one task metric that is not a mean of scores (MRCR's AUC): variant / baseline x 100;
+    None when either arm lacks it or the baseline's is 0 (undefined)."""
+    if baseline is None or variant is None:
+        return None
+    value = stats.recovery_pct(baseline, variant)
+    return None if value != value else value  # NaN: a baseline of 0
+
+
 def recovery_of(pairs: Sequence[tuple[float, float]]) -> float | None:
     """Recovery % of (baseline score, variant score) pairs; None when there are none or the baseline
     scored nothing (undefined)."""

@@ -13,9 +13,16 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from fp8eval.core.paths import display_path
-from fp8eval.perf.config import register_configs
+from fp8eval.perf.config import PerfRunConfig
+from fp8eval.registry import register_wing
 
-register_configs()
+
+def register() -> None:
+    """ConfigStore: the shared groups and `perf_schema` (conf/perf.yaml)."""
+    register_wing("perf_schema", PerfRunConfig)
+
+
+register()
 
 
 @hydra.main(config_path="../../conf", config_name="perf", version_base="1.3")

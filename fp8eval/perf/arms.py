@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from fp8eval.arms import ArmEngines, ArmSpec
 from fp8eval.engines.server import ServerEngine, parse_cache_config_info
 
 PERF_MODELS_DIR = Path(__file__).resolve().parents[2] / "conf" / "perf_models"
@@ -104,15 +105,24 @@ class Arm:
     capacity: dict[str, Any]
     server: dict[str, Any] = field(default_factory=dict)
     tokenizer: str | None = None
+    door: ArmEngines | None = None
 
     def close(self) -> None:
-        """Close the arm's server engine."""
-        self.engine.close()
+        """Close the arm's server engine (through the door that opened it)."""
+        if self.door is not None:
+            self.door.close(self.engine)
+        else:
+            self.engine.close()
 
 
-def open_arm(cfg, kv) -> Arm:
-    """Start (or attach to) the arm's server and read what it runs; raises EngineError when it cannot."""
-    engine = ServerEngine(cfg, kv)
+def open_arm(door: ArmEngines, arm: ArmSpec) -> Arm:
+    """Start (or attach to) the arm's server through the door (`fp8eval.arms.open_engines(cfg, kind="server")`)
+    and read what it runs; raises EngineError when it cannot."""
+    engine = door.open(arm)
+    if not isinstance(engine, ServerEngine):
+        door.close(engine)
+        raise PerfError(f"arm {arm.name}: perf measures one server per arm, got {type(engine).__name__}")
+    kv = arm
     labels = None
     line = getattr(engine, "cache_config_info_line", None)
     if line:
@@ -124,4 +134,4 @@ def open_arm(cfg, kv) -> Arm:
         tokenizer = str(engine.args.get("tokenizer") or engine.args.get("model") or "") or None
     return Arm(kv.name, engine, engine.root, engine.model_id, engine.max_model_len(), capacity_from(labels, log_text),
                server={"preflight": engine.preflight, "log": str(log_path) if log_path else None,
-                       "mode": "managed" if engine.managed else "external"}, tokenizer=tokenizer)
+                       "mode": "managed" if engine.managed else "external"}, tokenizer=tokenizer, door=door)

@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fp8eval.engines.vllm_common import child_env, vllm_python
+from fp8eval.engines.vllm.args import vllm_python
+from fp8eval.engines.vllm.child import child_env
 
 BENCH_MODULE = "fp8eval.perf.vllm_bench_main"  # `vllm bench serve` (see that module for why not the CLI)
 

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hydra.core.config_store import ConfigStore
-
 from fp8eval.config import EngineGroupsConfig
-from fp8eval.registry import register_configs as register_run_configs
 
 
 @dataclass
@@ -51,9 +48,3 @@ class PerfRunConfig(EngineGroupsConfig):
     perf: PerfSettings = field(default_factory=PerfSettings)
     seed: int = 1234
     baseline: str = "bf16"
-
-
-def register_configs() -> None:
-    """Store perf_schema (model/kv/engine options extend the run schemas, so register those too)."""
-    register_run_configs()
-    ConfigStore.instance().store(name="perf_schema", node=PerfRunConfig)

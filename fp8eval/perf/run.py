@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from fp8eval.arms import compose_kv
+from fp8eval.arms import ArmEngines, open_engines, resolve_arms
 from fp8eval.perf import analysis
 from fp8eval.perf.arms import Arm, model_vocab, open_arm, perf_cfg
 from fp8eval.perf.client import (
@@ -124,10 +124,16 @@ def client_overhead(m: Measurer, p, tokenizer: str | None, log: Callable[[str], 
 def run(cfg, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Measure every arm, write perf.json (+ plots) into run_dir and return it."""
     p = cfg.perf
-    names = list(p.arms) or [n for n in (cfg.baseline, cfg.kv.name) if n and n != "none"]
-    names = list(dict.fromkeys(names))
-    kvs = {n: (cfg.kv if n == cfg.kv.name else compose_kv(n, cfg.model.name)) for n in names}
     acfg = perf_cfg(cfg, p.dummy_weights)
+    # The one door: arms composed like the runner's (a BF16 control arm included); perf.arms lists them.
+    arms = resolve_arms(acfg, list(p.arms)) if p.arms else resolve_arms(acfg)
+    names = [a.name for a in arms]
+    kvs = {a.name: a for a in arms}
+    with open_engines(acfg, kind="server") as door:  # one server per arm, closed on the way out
+        return _run(cfg, p, names, kvs, door, run_dir, log)
+
+
+def _run(cfg, p, names: list[str], kvs: dict, door: ArmEngines, run_dir: Path, log: Callable[[str], None]):
     client = pick_client(p.client)
     if client == "vllm_bench" and p.dummy_weights:
         # vllm bench's random dataset draws its prompts through a tokenizer; dummy models have none.
@@ -136,19 +142,20 @@ def run(cfg, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any
         client = "builtin"
     bench_dir = run_dir / "bench"
     result: dict[str, Any] = {"schema": PERF_SCHEMA, "model": cfg.model.name, "dummy_weights": bool(p.dummy_weights),
-                              "client": client, "baseline": names[0], "variant": cfg.kv.name, "arms": {},
+                              "client": client, "baseline": names[0],
+                              "variant": next((n for n, a in kvs.items() if a.role == "variant"), cfg.kv.name), "arms": {},
                               "settings": _settings(p), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
     if p.measure_client_overhead and client == "builtin":
         # First, so a run stopped by a time limit still has it (it needs no server of the arm's).
         result["client_overhead"] = _overhead_or_error(client, bench_dir, cfg.seed, p, None, log)
     tokenizer = None
-    opened, pool = _open_all(acfg, names, kvs, log) if p.parallel_start else ({}, None)
+    opened, pool = _open_all(door, names, kvs, log) if p.parallel_start else ({}, None)
     try:
         for name in names:
             t0 = time.monotonic()
             arm = None
             try:
-                arm = opened.pop(name) if p.parallel_start else _open_one(acfg, kvs[name], log)
+                arm = opened.pop(name) if p.parallel_start else _open_one(door, kvs[name], log)
                 if isinstance(arm, BaseException):
                     raise arm
                 m = Measurer(client, bench_dir, cfg.seed, model_vocab(arm.engine.args.get("model"), p.vocab_size),
@@ -195,28 +202,28 @@ def _write(result: dict[str, Any], run_dir: Path) -> None:
     tmp.replace(run_dir / "perf.json")
 
 
-def _open_one(acfg, kv, log: Callable[[str], None]) -> Arm:
+def _open_one(door: ArmEngines, kv, log: Callable[[str], None]) -> Arm:
     t0 = time.monotonic()
-    arm = open_arm(acfg, kv)
+    arm = open_arm(door, kv)
     log(f"[perf] {kv.name}: server ready at {arm.url} ({time.monotonic() - t0:.0f} s), "
         f"KV capacity {arm.capacity.get('tokens')} tokens")
     return arm
 
 
-def _open_all(acfg, names: list[str], kvs: dict, log: Callable[[str], None]):
+def _open_all(door: ArmEngines, names: list[str], kvs: dict, log: Callable[[str], None]):
     """Start every arm's server at once (their start-ups overlap; the measurements stay one at a time).
     Each server must then be given its share of the accelerator (gpu_memory_utilization /
     kv_cache_memory_bytes), which the caller sets. Returns ({name: Arm or the exception}, pool): the
     pool's threads must outlive the servers, because a server dies with the THREAD that started it
-    (PR_SET_PDEATHSIG in fp8eval.engines.vllm_common); shut the pool down after closing them."""
+    (PR_SET_PDEATHSIG in fp8eval.engines.vllm.child); shut the pool down after closing them."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from fp8eval.engines import vllm_common
+    from fp8eval.engines.vllm import child as vchild
 
     # Signal handlers that stop the servers can only be installed from the main thread.
-    vllm_common._install_handlers()
+    vchild._install_handlers()
     pool = ThreadPoolExecutor(max_workers=len(names), thread_name_prefix="perf-start")
-    futures = {n: pool.submit(_open_one, acfg, kvs[n], log) for n in names}
+    futures = {n: pool.submit(_open_one, door, kvs[n], log) for n in names}
     out: dict[str, Arm | BaseException] = {}
     for n, f in futures.items():
         exc = f.exception()

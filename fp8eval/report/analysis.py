@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from fp8eval.metrics import stats
-from fp8eval.metrics.arm import score_stderr
+from fp8eval.metrics.arm import group_numbers, grouped
 from fp8eval.metrics.auc import context_arena_auc
 from fp8eval.metrics.groups import BARE_FAMILY, cell_key, label_sort_key, parse_size, split_label
 from fp8eval.metrics.pairing import PairingError, pair_records, recovery_of
@@ -138,25 +138,27 @@ def recovery_row(pair: Pair, group: str, settings: Settings) -> dict:
                       pair.variant.fingerprint, group))
     n = len(df)
     # Point values from the same functions as summary.json (metrics.arm, metrics.pairing), in record order.
-    b_recs = [{"sample_id": s, "repeat": r, "status": "ok", "score": x}
-              for s, r, x in zip(df["sample_id"], df["repeat"], df["b_score"])]
-    v_recs = [{"sample_id": s, "repeat": r, "status": "ok", "score": x}
-              for s, r, x in zip(df["sample_id"], df["repeat"], df["v_score"])]
-    b_score, b_err = score_stderr(b_recs)
-    v_score, v_err = score_stderr(v_recs)
+    b = group_numbers(_as_records(df, "b"))
+    v = group_numbers(_as_records(df, "v"))
     point = recovery_of(list(zip(df["b_score"], df["v_score"])))
     return {
         "model": pair.model, "task": pair.task, "baseline": pair.baseline.label,
         "variant": pair.variant.label, "group": group, "metric": "pass@1",
-        "baseline_score": _nan(b_score), "variant_score": _nan(v_score),
-        "baseline_stderr": _nan(b_err), "variant_stderr": _nan(v_err),
+        "baseline_score": _nan(b["score"]), "variant_score": _nan(v["score"]),
+        "baseline_stderr": _nan(b["stderr"]), "variant_stderr": _nan(v["stderr"]),
         "recovery_pct": _nan(point), "ci_low": ci.low, "ci_high": ci.high, "n": n,
         "n_samples": int(ps.shape[0]), "n_repeats": int(df["repeat"].nunique()) if n else 0,
-        "baseline_cutoff_rate": df["b_length"].mean() if n else math.nan,
-        "variant_cutoff_rate": df["v_length"].mean() if n else math.nan,
+        "baseline_cutoff_rate": _nan(b["length_cutoff_rate"]),
+        "variant_cutoff_rate": _nan(v["length_cutoff_rate"]),
         "n_excluded": int((keys["excluded"] != "").sum()),
         "baseline_arm": pair.baseline.fingerprint[:12], "variant_arm": pair.variant.fingerprint[:12],
     }
+
+
+def _as_records(df: pd.DataFrame, side: str) -> list[dict]:
+    """One arm's side of the paired rows as the records `metrics.arm.group_numbers` reads, in row order."""
+    return [{"sample_id": s, "repeat": r, "status": "ok", "score": x, "finish_reason": "length" if cut else None}
+            for s, r, x, cut in zip(df["sample_id"], df["repeat"], df[f"{side}_score"], df[f"{side}_length"])]
 
 
 def _nan(x: float | None) -> float:
@@ -223,8 +225,8 @@ def auc_rows(pair: Pair, settings: Settings) -> tuple[list[dict], list[str]]:
             "variant_stderr": math.nan, "recovery_pct": point, "ci_low": low, "ci_high": high,
             "n": len(df), "n_samples": int(df["sample_id"].nunique()),
             "n_repeats": int(df["repeat"].nunique()) if len(df) else 0,
-            "baseline_cutoff_rate": df["b_length"].mean() if len(df) else math.nan,
-            "variant_cutoff_rate": df["v_length"].mean() if len(df) else math.nan,
+            "baseline_cutoff_rate": _nan(group_numbers(_as_records(df, "b"))["length_cutoff_rate"]),
+            "variant_cutoff_rate": _nan(group_numbers(_as_records(df, "v"))["length_cutoff_rate"]),
             "n_excluded": int((pair.all_keys["excluded"] != "").sum()),
             "baseline_arm": pair.baseline.fingerprint[:12], "variant_arm": pair.variant.fingerprint[:12],
         })
@@ -259,21 +261,14 @@ def arm_table(arms: list[Arm]) -> pd.DataFrame:
     rows = []
     for arm in sorted(arms, key=lambda a: (a.model, a.task, a.label)):
         recs = [r.data for r in arm.records]
-        scored = [r for r in recs if is_scored(r)]
-        labels = sorted({g for r in recs for g in (r.get("groups") or ())}, key=label_sort_key)
-        for group in ["all", *labels]:
-            sel = scored if group == "all" else [r for r in scored if group in (r.get("groups") or ())]
-            every = recs if group == "all" else [r for r in recs if group in (r.get("groups") or ())]
-            score, err = score_stderr(sel)
+        for group, n in [("all", group_numbers(recs)), *grouped(recs).items()]:  # metrics: one truth
             rows.append({
                 "model": arm.model, "task": arm.task, "arm": arm.label, "kv": arm.kv,
                 "fingerprint": arm.fingerprint[:12], "group": group,
-                "score": _nan(score), "stderr": _nan(err),
-                "n": len(sel), "n_samples": len({r["sample_id"] for r in sel}),
-                "n_repeats": len({r["repeat"] for r in sel}),
-                "cutoff_rate": (sum(r.get("finish_reason") == "length" for r in sel) / len(sel)) if sel else math.nan,
-                "n_skipped": sum(r.get("status") == "skipped" for r in every),
-                "n_errors": sum(r.get("status") == "error" for r in every),
+                "score": _nan(n["score"]), "stderr": _nan(n["stderr"]),
+                "n": n["n_scored"], "n_samples": n["n_samples"], "n_repeats": n["n_repeats"],
+                "cutoff_rate": _nan(n["length_cutoff_rate"]),
+                "n_skipped": n["n_skipped"], "n_errors": n["n_errors"],
                 "records": str(arm.records_path),
             })
     return pd.DataFrame(rows)

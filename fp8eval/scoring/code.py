@@ -8,8 +8,8 @@ import json
 import pickle
 import zlib
 
+from fp8eval.core.types import Score
 from fp8eval.scoring.sandbox import run_tests_detailed
-from fp8eval.tasks.base import Score
 
 
 def extract_code(text: str) -> str | None:

@@ -12,7 +12,7 @@ import re
 import signal
 import threading
 
-from fp8eval.tasks.base import Score
+from fp8eval.core.types import Score
 
 DEFAULT_TIMEOUT_S = 5.0
 _BOX_COMMANDS = ("\\boxed", "\\fbox")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from fp8eval.core.seeds import permutation
-from fp8eval.tasks.base import Score
+from fp8eval.core.types import Score
 
 LETTERS = "ABCD"
 

@@ -17,10 +17,20 @@ import os
 from collections import deque
 from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol
 
 from fp8eval.core.procs import scoring_worker_init
-from fp8eval.tasks.base import Sample, Score, Task
+from fp8eval.core.types import Sample, Score
+
+
+class Task(Protocol):
+    """What the pool needs of a task (`fp8eval.tasks.base.Task` is one): its pure scorer and cheap check."""
+
+    def score(self, sample: Sample, completion: str, repeat: int = 0) -> Score:
+        """Pure: the score of one answer."""
+
+    def quick_score(self, sample: Sample, completion: str, repeat: int = 0) -> Score | None:
+        """score() when it is cheap to know, else None."""
 
 # The task the forked workers score with (set before the pool forks; workers never change it).
 _TASK: Task | None = None

@@ -13,10 +13,16 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from fp8eval.core.paths import display_path
-from fp8eval.registry import register_sensitivity_configs
-from fp8eval.sensitivity.config import unknown_key_message
+from fp8eval.registry import register_wing
+from fp8eval.sensitivity.config import SensitivityRunConfig, unknown_key_message
 
-register_sensitivity_configs()
+
+def register() -> None:
+    """ConfigStore: the shared groups and `sensitivity_schema` (conf/sensitivity.yaml)."""
+    register_wing("sensitivity_schema", SensitivityRunConfig)
+
+
+register()
 
 
 @hydra.main(config_path="../../conf", config_name="sensitivity", version_base="1.3")
@@ -25,12 +31,12 @@ def main(cfg: DictConfig) -> None:
     heatmap) and the run directory; exit 2 on an fp8eval error."""
     from fp8eval.core.errors import Fp8evalError
     from fp8eval.sensitivity import outputs
-    from fp8eval.sensitivity.run import baseline_kv, run
+    from fp8eval.sensitivity.run import run
 
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     typed = OmegaConf.to_object(cfg)
     try:
-        result = run(typed, baseline_kv(typed.baseline, typed.model.name))
+        result = run(typed)
     except Fp8evalError as e:
         print(f"\nfp8eval.sensitivity: {e}", file=sys.stderr)
         sys.exit(2)

@@ -38,6 +38,8 @@ class SensitivityConfig:
 @dataclass
 class SensitivityRunConfig(PairedCliConfig):
     sensitivity: SensitivityConfig = field(default_factory=SensitivityConfig)
+    # Per-passage results are kept under <records_dir>/sensitivity/<fingerprint>/ (resumable).
+    records_dir: str = "outputs/records"
 
 
 def validate(s: SensitivityConfig) -> list[str]:

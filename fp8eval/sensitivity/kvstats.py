@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from fp8eval.core.quant import FP8_MAX, fp8_roundtrip
@@ -72,6 +73,42 @@ class KVStatsAccumulator:
         old["amax"] = torch.maximum(old["amax"], new["amax"])
         for k in _FIELDS:
             old[k] = old[k] + new[k]
+
+    def merge(self, other: "KVStatsAccumulator") -> None:
+        """Add another accumulator's counts (one passage's) to these: amax the maximum, the rest summed."""
+        self.head_dim.update(other.head_dim)
+        self.n_heads.update(other.n_heads)
+        for key, new in other.acc.items():
+            old = self.acc.get(key)
+            if old is None:
+                self.acc[key] = {k: v.clone() for k, v in new.items()}
+                continue
+            old["amax"] = torch.maximum(old["amax"], new["amax"])
+            for k in _FIELDS:
+                old[k] = old[k] + new[k]
+
+    def to_arrays(self, prefix: str = "kv") -> dict:
+        """The counts as named numpy arrays (for a passage's results file); `from_arrays` reads them back."""
+        out = {}
+        for (which, layer), d in self.acc.items():
+            for k, v in d.items():
+                out[f"{prefix}|{which}|{layer}|{k}"] = v.cpu().numpy()
+            out[f"{prefix}|shape|{layer}"] = np.array([self.head_dim[layer], self.n_heads[layer]])
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: dict, fmt: str, prefix: str = "kv") -> "KVStatsAccumulator":
+        """An accumulator from `to_arrays`' output (other keys ignored)."""
+        out = cls(fmt=fmt)
+        for name, v in arrays.items():
+            parts = name.split("|")
+            if parts[0] != prefix:
+                continue
+            if parts[1] == "shape":
+                out.head_dim[int(parts[2])], out.n_heads[int(parts[2])] = int(v[0]), int(v[1])
+            else:
+                out.acc.setdefault((parts[1], int(parts[2])), {})[parts[3]] = torch.from_numpy(np.array(v))
+        return out
 
     def layer_stats(self, layer: int) -> dict:
         """The per-layer fields of sensitivity.json, K and V pooled for the rates, and per head."""

@@ -13,13 +13,13 @@ import dataclasses
 
 import numpy as np
 
-from fp8eval.config import KVConfig
 from fp8eval.divergence import measures as M
 from fp8eval.divergence import sources
 from fp8eval.divergence.documents import Passage, passages
-from fp8eval.engines import build_engine, resolve_kind
+from fp8eval.engines import resolve_kind
 from fp8eval.engines.base import EngineError
 from fp8eval.engines.kvcache import KVPolicy
+from fp8eval.engines.spec import ArmSpec
 
 
 class SensitivityError(EngineError):
@@ -40,16 +40,17 @@ def layer_types(config, n_layers: int) -> list[str]:
 class Passes:
     """The loaded model, the BF16 and arm policies, and prefill passes under any skip list."""
 
-    def __init__(self, cfg, baseline_kv: KVConfig):
+    def __init__(self, cfg, door, arms: list[ArmSpec]):
+        """`arms` as `fp8eval.arms.resolve_arms` gives them ([baseline, variant], or one arm), opened through
+        `door` (an `fp8eval.arms.ArmEngines`: both engines share one loaded model)."""
         if resolve_kind(cfg) != "reference":
             raise SensitivityError(
                 f"python -m fp8eval.sensitivity runs on the reference engine (engine=reference), which can "
                 f"switch each layer's cache format between passes; engine={cfg.engine.kind} resolved to "
                 f"{resolve_kind(cfg)}. Evaluate its recommended skip list on any engine with "
                 f"`python -m fp8eval ... kv.engine_args.kv_cache_dtype_skip_layers=[...]`.")
-        shared: dict = {}
-        self.engine = build_engine(cfg, cfg.kv, shared)
-        base = build_engine(cfg, baseline_kv, shared)
+        self.engine = door.open(arms[-1])
+        base = door.open(arms[0])
         if self.engine.cache_dtype in ("auto", "bfloat16"):
             raise SensitivityError(f"kv={cfg.kv.name} keeps a {self.engine.cache_dtype} cache: nothing to rank. "
                                    f"Use an FP8 kv option (kv=fp8, fp8_e5m2, fp8_calibrated, fp8_per_head).")
@@ -120,7 +121,7 @@ class Baseline:
 
     def __init__(self, passes: Passes, hidden: np.ndarray, keep_gib: float):
         self.passes, self.hidden = passes, hidden
-        self.step = max(16, (1 << 24) // passes.vocab)  # ~16M logits a slice, as the probe does
+        self.step = slice_step(passes.vocab)
         self.keep = hidden.shape[0] * passes.vocab * 4 <= keep_gib * 2**30
         self._slices: dict[int, object] = {}
 
@@ -138,12 +139,34 @@ class Baseline:
         self._slices.clear()
 
 
-def compare(passes: Passes, base: Baseline, h_var: np.ndarray, *into: M.BucketAccumulator) -> None:
-    """Add, per position, KL(bf16 || variant), top-1 agreement and |delta logprob| of the BF16 argmax to
-    each accumulator (several passages pool token-weighted, as the probe pools them)."""
+def slice_step(vocab: int) -> int:
+    """Positions per slice of logits (~16M logits a slice, as the probe does)."""
+    return max(16, (1 << 24) // vocab)
+
+
+def measure(passes: Passes, base: Baseline, h_var: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per position: KL(bf16 || variant), top-1 agreement and |delta logprob| of the BF16 argmax, as arrays
+    (what a passage's results file keeps; `replay` adds them to accumulators)."""
+    parts = []
     for start in range(0, h_var.shape[0], base.step):
         lb = base.slice(start)
         lv = passes.logits(h_var[start:start + base.step])
-        measured = (M.kl_from_logits(lb, lv), M.top1_from_logits(lb, lv), M.dlogp_from_logits(lb, lv))
+        parts.append(tuple(M._as_np(x) for x in (M.kl_from_logits(lb, lv), M.top1_from_logits(lb, lv),
+                                                  M.dlogp_from_logits(lb, lv))))
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))  # type: ignore[return-value]
+
+
+def replay(measured, step: int, *into: M.BucketAccumulator) -> None:
+    """Add measured per-position arrays to each accumulator a slice of `step` positions at a time: the
+    same additions, in the same order, as measuring them did (so a resumed run sums to the same floats)."""
+    kl, top1, dlogp = measured
+    for start in range(0, len(kl), step):
+        end = min(start + step, len(kl))
         for acc in into:
-            acc.add(np.arange(start, start + lv.shape[0]), *measured)
+            acc.add(np.arange(start, end), kl[start:end], top1[start:end], dlogp[start:end])
+
+
+def compare(passes: Passes, base: Baseline, h_var: np.ndarray, *into: M.BucketAccumulator) -> None:
+    """Add, per position, KL(bf16 || variant), top-1 agreement and |delta logprob| of the BF16 argmax to
+    each accumulator (several passages pool token-weighted, as the probe pools them)."""
+    replay(measure(passes, base, h_var), base.step, *into)

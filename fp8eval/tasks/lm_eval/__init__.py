@@ -76,6 +76,20 @@ class LmEvalTask(Task):
                                   groups=tuple(groups)))
         return out
 
+    def limit_samples(self, samples) -> list[Sample]:
+        """lm-eval's rule for `task.limit`: the first `limit` documents of each lm-eval task. (`loaded()` hands
+        the same limit to lm-eval so that it builds only those documents' requests.)"""
+        if not self.cfg.limit:
+            return list(samples)
+        taken: dict[str, int] = {}
+        kept = []
+        for s in samples:
+            name = s.data["task"]
+            if taken.get(name, 0) < self.cfg.limit:
+                taken[name] = taken.get(name, 0) + 1
+                kept.append(s)
+        return kept
+
     def _instances(self, sample: Sample) -> list:
         return self.loaded().instances[sample.data["task"]][sample.data["doc_id"]]
 

@@ -12,7 +12,7 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from fp8eval.engines.base import decode_loglikelihoods
+from fp8eval.core.types import decode_loglikelihoods
 from fp8eval.tasks.base import Prompt, Score
 from fp8eval.tasks.lm_eval.bridge import LmEvalError
 

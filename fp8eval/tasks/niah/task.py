@@ -82,8 +82,6 @@ class NiahTask(Task):
                               "distractor_depths": distractor_depths},
                         groups=(f"ctx={length}", f"depth={depth:g}"),
                     ))
-        if self.cfg.limit is not None:
-            out = out[: self.cfg.limit]
         return out
 
     # --- prompt building ------------------------------------------------------------------------------

@@ -1,0 +1,98 @@
+"""What makes a sensitivity run resumable: its fingerprint and its per-passage results on disk.
+
+Like `python -m fp8eval.divergence`, each passage's results are kept under
+`<records_dir>/sensitivity/<fingerprint[:20]>/<passage key>.npz`: the per-position measures of every pass
+(full FP8, only layer i, all but layer i, sliding-window layers in BF16, and each re-measured skip list) and
+the passage's K/V statistics. The fingerprint covers the model, the engine's describe(), both arms' kv
+settings and the bucket edges; skip lists are normalised (`normal_skip`) before hashing, so [2, 7],
+["7", "2"] and [2, 2, 7] name one setting. A rerun replays what exists, in the order a fresh run adds it
+(the same sums), and computes only what is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+from omegaconf import OmegaConf
+
+from fp8eval.config import kv_fingerprint_view
+from fp8eval.core.hashing import canonical_json, fingerprint_hash
+from fp8eval.divergence.documents import Passage
+
+SCHEMA = 1
+SKIP_KEY = "kv_cache_dtype_skip_layers"
+
+
+def normal_skip(skip) -> list:
+    """A skip list as one spelling: layer indices as ints (from ints or digit strings), sorted, without
+    duplicates, then the named groups ("sliding_window") sorted."""
+    ints, names = set(), set()
+    for x in skip or ():
+        s = str(x).strip()
+        if s.lstrip("-").isdigit():
+            ints.add(int(s))
+        else:
+            names.add(s)
+    return sorted(ints) + sorted(names)
+
+
+def skip_key(skip) -> str:
+    """The normalised skip list as a short stable name ("2,7", "sliding_window", "" for none)."""
+    return ",".join(str(x) for x in normal_skip(skip))
+
+
+def _plain(obj) -> dict:
+    if dataclasses.is_dataclass(obj):
+        return OmegaConf.to_container(OmegaConf.structured(obj), resolve=True)
+    return dict(obj)
+
+
+def _kv_view(kv) -> dict:
+    d = _plain(kv)
+    for k in ("name", "description"):
+        d.pop(k, None)
+    args = dict(d.get("engine_args") or {})
+    if SKIP_KEY in args:
+        args[SKIP_KEY] = normal_skip(args[SKIP_KEY])
+    d["engine_args"] = args
+    return kv_fingerprint_view(d)
+
+
+def fingerprint(cfg, describe: dict, variant_kv, baseline_kv) -> tuple[str, dict]:
+    """sha256 over everything that can change a passage's sensitivity results, and its material."""
+    model = _plain(cfg.model)
+    for k in ("name", "notes", "sampling"):
+        model.pop(k, None)
+    engine = dict(describe)
+    if isinstance(engine.get("kv"), dict) and "skip_layers" in engine["kv"]:
+        engine["kv"] = {**engine["kv"], "skip_layers": normal_skip(engine["kv"]["skip_layers"])}
+    material = {"sensitivity_schema": SCHEMA, "model": model, "engine": engine, "kv": _kv_view(variant_kv),
+                "baseline": _kv_view(baseline_kv), "edges": [int(e) for e in cfg.sensitivity.edges]}
+    return fingerprint_hash(material), material
+
+
+class PassageCache:
+    """One run's per-passage results, named by fingerprint and passage key; `put` writes a passage whole."""
+
+    def __init__(self, root, fp: str, material: dict):
+        self.dir = root / "sensitivity" / fp[:20]
+        self.dir.mkdir(parents=True, exist_ok=True)
+        fp_file = self.dir / "fingerprint.json"
+        if not fp_file.exists():
+            fp_file.write_text(canonical_json({"fingerprint": fp, "material": material}) + "\n")
+
+    def load(self, p: Passage) -> dict[str, np.ndarray]:
+        """A passage's stored arrays ({} when absent or unreadable)."""
+        try:
+            with np.load(self.dir / f"{p.key}.npz") as z:
+                return {k: z[k] for k in z.files}
+        except (OSError, ValueError):
+            return {}
+
+    def save(self, p: Passage, arrays: dict[str, np.ndarray]) -> None:
+        """Write a passage's arrays atomically (whole or absent)."""
+        path = self.dir / f"{p.key}.npz"
+        tmp = path.with_suffix(".tmp.npz")
+        np.savez(tmp, **arrays)
+        tmp.replace(path)
