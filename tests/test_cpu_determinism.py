@@ -49,8 +49,8 @@ def test_attention_and_matmul_bits_do_not_depend_on_threads_or_vector_width():
         assert _bits(threads, env) == base, (threads, env)
 
 
-JOB = ["engine=reference", "model=smollm2-135m", "kv=fp8", "task=niah", "task.lengths=[512,1024]",
-       "task.depths=[0,100]", "report=false", "progress=false"]
+JOB = ["engine=reference", "model=smollm2-135m", "kv=fp8", "task=niah", "task.lengths=[384]",
+       "task.depths=[0,100]", "sampling.max_tokens=16", "report=false", "progress=false"]
 
 
 def _env(env_extra: dict) -> dict:
@@ -64,7 +64,7 @@ def _run(tmp: Path, threads: int, env_extra: dict) -> dict:
     env = _env(env_extra)
     proc = subprocess.run([sys.executable, "-m", "fp8eval", *JOB, f"engine.threads={threads}",
                            f"records_dir={tmp / 'records'}", f"hydra.run.dir={tmp / 'run'}"],
-                          cwd=tmp, env=env, capture_output=True, text=True, timeout=900)
+                          cwd=tmp, env=env, capture_output=True, text=True, timeout=1800)
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads((tmp / "run" / "summary.json").read_text())
     out = {}
@@ -78,7 +78,7 @@ def _run(tmp: Path, threads: int, env_extra: dict) -> dict:
 @pytest.mark.slow
 def test_same_records_across_threads_cpu_capability_and_load(tmp_path):
     base = _run(tmp_path / "t2", 2, {})
-    assert len(base["fp8"]) == len(base["bf16"]) == 4
+    assert len(base["fp8"]) == len(base["bf16"]) == 2
     runs = {"1 thread": _run(tmp_path / "t1", 1, {}),
             "4 threads": _run(tmp_path / "t4", 4, {}),
             "ATEN_CPU_CAPABILITY=avx2": _run(tmp_path / "avx2", 2, {"ATEN_CPU_CAPABILITY": "avx2"})}
