@@ -18,11 +18,12 @@ from omegaconf.errors import InterpolationResolutionError
 from fp8eval.calibrate.config import CalibrationError
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.paths import CONF_DIR, display_path
-from fp8eval.core.secrets import redact_files
+from fp8eval.core.secrets import guard_std_streams, redact_files, redact_obj
 from fp8eval.overrides import check_overrides, free_dict_overrides
 from fp8eval.registry import register_configs
 from fp8eval.report import write_report
-from fp8eval.runner import Runner, format_table
+from fp8eval.runner import Runner
+from fp8eval.table import format_table
 
 register_configs()
 
@@ -84,8 +85,9 @@ def _run_suite(typed, run_dir: Path) -> None:
         summaries[name] = _run_one(OmegaConf.to_object(composed), sub)
     suite = {"model": typed.model.name, "task": f"suite:{typed.suite.name}", "suite": list(typed.suite.tasks),
              "tasks": {n: str(run_dir / n / "summary.json") for n in summaries},
-             "recovery": {n: (s.get("recovery") or {}).get("overall") for n, s in summaries.items()}}
-    (run_dir / "suite.json").write_text(json.dumps(suite, indent=2) + "\n", encoding="utf-8")
+             "recovery": {n: (s.get("recovery") or {}).get("overall") for n, s in summaries.items()},
+             "verdict": {n: ((s.get("verdict") or {}).get("overall") or {}).get("verdict") for n, s in summaries.items()}}
+    (run_dir / "suite.json").write_text(json.dumps(redact_obj(suite), indent=2) + "\n", encoding="utf-8")
 
 
 def _write_report(run_dir: Path) -> None:
@@ -99,6 +101,7 @@ def _write_report(run_dir: Path) -> None:
 
 
 if __name__ == "__main__":
+    guard_std_streams()  # every line printed, Hydra's errors included, is redacted (fp8eval.core.secrets)
     check_overrides(sys.argv[1:])
     sys.argv[1:] = free_dict_overrides(sys.argv[1:])
     try:

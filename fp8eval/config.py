@@ -115,10 +115,17 @@ class EngineConfig:
     # server. An arm not listed uses base_url.
     base_urls: dict[str, Any] = field(default_factory=dict)
     api_key_env: str = "OPENAI_API_KEY"  # name of the environment variable; the key is never written
+    organization: Optional[str] = None  # the OpenAI SDK's organization (header OpenAI-Organization)
+    # Extra HTTP headers on every request, as the SDK's default_headers (values are redacted in files and
+    # logs when the header name says it carries a secret: fp8eval.core.secrets).
+    default_headers: dict[str, str] = field(default_factory=dict)
     served_model_name: Optional[str] = None
     concurrency: int = 8
+    # Overall deadline of one request attempt (connect + the whole answer), also the read timeout; > 0.
     request_timeout_s: float = 3600.0  # long enough for a 32k-token generation on a loaded server
     max_retries: int = 5
+    # Replica pools: a replica that fails this many requests in a row while its /health answers is ejected.
+    eject_after: int = 3
     startup_timeout_s: float = 1200.0
     trust_declared_kv: bool = False
     extra_flags: list[str] = field(default_factory=list)
@@ -163,6 +170,31 @@ class PlanConfig:
 
 
 @dataclass
+class StatsConfig:
+    """How a run judges its variant (fp8eval.metrics.verdict, docs/statistics.md): pass only when the
+    recovery CI's lower end is at or above `gate`, fail when its upper end is below, else inconclusive."""
+
+    gate: float = 95.0  # recovery % the variant must keep
+    alpha: float = 0.05  # two-sided: CIs at 1 - alpha (so a pass is non-inferiority at alpha / 2)
+    power: float = 0.8  # of the minimum detectable drop (`mde_pts`)
+    right_at: float = 0.5  # a record is "right" at this score (lost / gained counts)
+
+
+@dataclass
+class StopConfig:
+    """When a paired run stops (fp8eval.stopping, docs/statistics.md). `stop=fixed` (default) runs every
+    planned (sample, repeat); `stop=sequential` sends samples in rounds and stops a bucket as soon as the
+    anytime-valid test decides it against `stats.gate`, else at its last sample (fixed-n CI at alpha -
+    alpha_cs)."""
+
+    name: str = "fixed"  # fixed | sequential
+    round_size: int = 16  # samples per bucket added each round
+    alpha_cs: float = 0.01  # the part of stats.alpha the confidence sequence spends over all looks
+    cap: float = 0.8  # the betting fraction's cap (docs/statistics.md)
+    by: str = "auto"  # group family whose values stop apart (auto: the context-length family); "" = whole task
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = MISSING
     kv: KVConfig = MISSING
@@ -186,6 +218,8 @@ class RunConfig:
     # Print the plan (GPUs, requests, prefill tokens, GPU-hours) and exit 0 without loading a model.
     dry_run: bool = False
     plan: PlanConfig = field(default_factory=PlanConfig)
+    stats: StatsConfig = field(default_factory=StatsConfig)
+    stop: StopConfig = field(default_factory=StopConfig)
 
 
 @dataclass

@@ -61,7 +61,7 @@ def unknown_key_message(key: str, task_name: str) -> str | None:
     return None
 
 
-_FREE_DICTS = ("model.engine_args.", "kv.engine_args.", "engine.engine_args.")
+_FREE_DICTS = ("model.engine_args.", "kv.engine_args.", "engine.engine_args.", "engine.default_headers.")
 
 
 def free_dict_overrides(argv: list[str]) -> list[str]:

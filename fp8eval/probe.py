@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from fp8eval.core.quant import fp8_roundtrip
+from fp8eval.core.secrets import guard_std_streams
 from fp8eval.engines.attention_emulation import (
     FAST_ACC_ALIGN,
     FAST_ACC_BITS,
@@ -248,4 +249,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    guard_std_streams()  # every line printed, Hydra's errors included, is redacted (fp8eval.core.secrets)
     sys.exit(main())

@@ -10,7 +10,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import OmegaConf
 
 from fp8eval.calibrate.store import latest_checkpoint
-from fp8eval.config import EngineConfig, KVConfig, ModelConfig, RunConfig, SuiteConfig, TaskConfig
+from fp8eval.config import EngineConfig, KVConfig, ModelConfig, RunConfig, StopConfig, SuiteConfig, TaskConfig
 from fp8eval.core.rundir import register_resolver as register_unique_dir
 from fp8eval.tasks import task_config_classes
 
@@ -38,6 +38,7 @@ def register_configs() -> None:
     cs.store(group="schema/engine", name="engine", node=EngineConfig)
     cs.store(group="schema/task", name="task", node=TaskConfig)
     cs.store(group="schema/suite", name="suite", node=SuiteConfig)
+    cs.store(group="schema/stop", name="stop", node=StopConfig)
     for name, cls in task_config_classes().items():
         cs.store(group="schema/task", name=name, node=cls)
 

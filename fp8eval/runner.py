@@ -18,6 +18,7 @@ from fp8eval.arms import ArmSpec, open_engines, resolve_arms
 from fp8eval.config import RunConfig, SamplingConfig, kv_fingerprint_view
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.reasoning import split_reasoning
+from fp8eval.core.secrets import redact_obj
 from fp8eval.core.seeds import derive_seed
 from fp8eval.core.timing import EngineClock
 from fp8eval.engines.attention import check as check_attention_backend
@@ -25,10 +26,13 @@ from fp8eval.engines.base import Request
 from fp8eval.engines.loglikelihood import send
 from fp8eval.engines.parallel import fingerprint_view
 from fp8eval.engines.prompting import prompt_text_for
-from fp8eval.metrics.arm import arm_summary, paired_recovery
+from fp8eval.metrics.arm import arm_summary, paired_recovery, paired_verdicts
 from fp8eval.metrics.pairing import value_recovery
+from fp8eval.metrics.verdict import GateSettings
 from fp8eval.records import RECORD_SCHEMA, ArmRecords, ArmStore, fingerprint_hash
 from fp8eval.scoring.pool import Scorer, auto_workers
+from fp8eval.stopping import Rounds
+from fp8eval.stopping import check as check_stop
 from fp8eval.tasks import task_class
 from fp8eval.tasks.base import Prompt, Sample, SkipSample, Task, TaskContext
 from fp8eval.token_counts import TokenCountCache
@@ -113,6 +117,7 @@ class Runner:
         self.views: dict[str, ArmRecords] = {}  # kv name -> the arm's valid records (fp8eval.records.read_arm)
         self.claim_poll_s = 2.0  # how often to look again while another process holds claims
         self.clock = EngineClock()  # engine time vs harness time (summary.json "timing")
+        self.rounds: Rounds | None = None  # stop=sequential: which samples each round takes (fp8eval.stopping)
 
     # --- arms -------------------------------------------------------------------------------------------
     def arms(self) -> list[ArmSpec]:
@@ -246,6 +251,8 @@ class Runner:
             stats = engine.prefill_stats() if sent and hasattr(engine, "prefill_stats") else None
         if stats:  # this invocation's prefill work, from the engine's own counters
             summary["engine_prefill"] = stats
+        if hasattr(engine, "pool_stats"):  # a replica pool: replicas dropped or ejected, failures per replica
+            summary["replica_pool"] = engine.pool_stats()
         summary.update(task.summarize(summary, view.records))
         return summary
 
@@ -380,6 +387,18 @@ class Runner:
         return len(recs)
 
     # --- the whole run ------------------------------------------------------------------------------------
+    def _passes(self, arms: list[ArmSpec]):
+        """The arms in run order (the variant first), once; with stop=sequential again after each round that
+        left a bucket undecided (`Rounds.advance` on both arms' records)."""
+        order = sorted(arms, key=lambda a: a.role == "baseline")
+        while True:
+            yield from order
+            if self.rounds is None or not self.rounds.advance(self.views[arms[0].name].records,
+                                                              self.views[arms[1].name].records):
+                return
+            self.out(f"sequential: round {self.rounds.rounds}, {len(self.rounds.items())} (sample, repeat) items; "
+                     + ", ".join(f"{b} {r.decision} at {r.n_used}" for b, r in self.rounds.results.items()))
+
     def run(self) -> dict:
         cfg = self.cfg
         check_greedy_repeats(cfg, self.sampling)
@@ -394,8 +413,9 @@ class Runner:
         notes: list[str] = []
         # The variant runs first: a configuration an engine cannot serve (fp8 on a CPU build of vLLM,
         # per-head scales without a scales file) fails before any baseline work is spent.
+        check_stop(cfg.stop, len(arms) == 2, cfg.shard)
         door = open_engines(cfg)  # the arms share what they can (the reference engine's loaded model)
-        for arm in sorted(arms, key=lambda a: a.role == "baseline"):
+        for arm in self._passes(arms):  # each arm once; again per round with stop=sequential
             name, role = arm.name, arm.role
             with self.clock.engine("start"):
                 engine = door.open(arm)
@@ -409,10 +429,14 @@ class Runner:
                     task = tcls(task_cfg, ctx)
                     with self.clock.harness("plan"):  # token counting included
                         items = self.plan(task, engine)
+                    if cfg.stop.name == "sequential":
+                        self.rounds = Rounds(items, cfg.stop, cfg.stats, cfg.seed)
                     notes = task.notes()
                     for line in notes:
                         self.out(f"note: {line}")
-                summaries[name] = self.run_arm(task, engine, arm, items)
+                sent_before = summaries.get(name, {}).get("requests_sent", 0)  # earlier rounds (stop=sequential)
+                summaries[name] = self.run_arm(task, engine, arm, items if self.rounds is None else self.rounds.items())
+                summaries[name]["requests_sent"] += sent_before
                 summaries[name]["role"] = role
                 if backend is not None:
                     summaries[name]["attention_backend"] = backend
@@ -440,44 +464,14 @@ class Runner:
             for key in getattr(task, "recovery_keys", ()):  # task metrics that are not a mean (MRCR AUC)
                 b, v = summaries[arms[0].name].get(key), summaries[arms[1].name].get(key)
                 summary["recovery"][key] = value_recovery(b, v)
+            summary["verdict"] = paired_verdicts(self.views[arms[0].name].records, self.views[arms[1].name].records,
+                                                 GateSettings(**_as_dict(cfg.stats)), task.cluster_of)
+        if self.rounds is not None:
+            summary["sequential"] = self.rounds.summary(self.views[arms[0].name].records,
+                                                        self.views[arms[1].name].records)
         summary["wall_s"] = round(time.perf_counter() - t0, 2)
         summary["timing"] = self.clock.report()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=False) + "\n",
+        (self.run_dir / "summary.json").write_text(json.dumps(redact_obj(summary), indent=2, sort_keys=False) + "\n",
                                                    encoding="utf-8")
         return summary
-
-
-def format_table(summary: dict) -> str:
-    """A readable recovery table for the terminal."""
-    arms = summary["arms"]
-    names = list(arms)
-    rec = summary.get("recovery") or {}
-    groups: list[str] = []
-    for a in arms.values():
-        for g in a["by_group"]:
-            if g not in groups:
-                groups.append(g)
-
-    def fmt(x, pct=False):
-        if x is None:
-            return "-"
-        return f"{x:.1f}%" if pct else f"{x:.3f}"
-
-    header = ["group"] + names + (["recovery"] if rec else [])
-    rows = [["overall"] + [f"{fmt(arms[n]['score'])} ± {fmt(arms[n]['stderr'])}" for n in names]
-            + ([fmt(rec.get("overall"), True)] if rec else [])]
-    for g in groups:
-        rows.append([g] + [fmt(arms[n]["by_group"].get(g)) for n in names]
-                    + ([fmt(rec.get("by_group", {}).get(g), True)] if rec else []))
-    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths))  # noqa: E731
-    out = [f"{summary['task']} on {summary['model']}", line(header), line(["-" * w for w in widths])]
-    out += [line(r) for r in rows]
-    extra = []
-    for n in names:
-        a = arms[n]
-        extra.append(f"{n}: n_samples={a['n_samples']} n_repeats={a['n_repeats']} skipped={a['n_skipped']} "
-                     f"errors={a['n_errors']} length_cutoff={fmt(a['length_cutoff_rate'])} "
-                     f"requests_sent={a['requests_sent']}")
-    return "\n".join(out + [""] + extra)

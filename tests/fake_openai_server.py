@@ -37,8 +37,12 @@ def answer_for(messages: list[dict], index: int) -> str:
 
 
 # Broken answers a generation call can get (tests/faults): HTTP 500; a 200 whose body is cut JSON;
-# `choices: []`; one choice fewer than n; a null choice; another model's id; no `choices` key.
-FAULTS = ("500", "malformed", "empty_choices", "short_choices", "null_choice", "other_model", "no_choices")
+# `choices: []`; one choice fewer than n; a null choice; another model's id; no `choices` key; impossible
+# usage numbers (negative, huge, more cached than prompt tokens); and hostile transports: the answer
+# trickled at one byte a second, a 50 MB answer, the connection cut mid-body.
+FAULTS = ("500", "malformed", "empty_choices", "short_choices", "null_choice", "other_model", "no_choices",
+          "usage_negative", "usage_huge", "cached_huge", "trickle", "huge", "cut")
+HUGE_BYTES = 50 * 1024 * 1024
 
 
 class FakeOpenAIServer:
@@ -65,6 +69,8 @@ class FakeOpenAIServer:
         self.generation_calls = 0
         self.completed: list[str] = []  # request ids (first user message) answered with 200
         self.auth_headers: list[str] = []
+        self.headers_seen: list[tuple[str, dict[str, str]]] = []  # (path, headers) of every request
+        self.hostile_paths: dict[str, str] = {}  # path -> "trickle" | "cut": how every answer to it is sent
         self.bodies: list[dict] = []
         self._conns: list[socket.socket] = []
         self._httpd = ThreadingHTTPServer(("127.0.0.1", port), self._handler())
@@ -121,11 +127,40 @@ class FakeOpenAIServer:
                 self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
-                self.wfile.write(data)
+                try:
+                    self.wfile.write(data)
+                except OSError:  # the client stopped reading (a refused 50 MB answer)
+                    self.close_connection = True
+
+            def _send_badly(self, how: str, data: bytes) -> None:
+                """`trickle`: one byte a second (a per-read timeout never fires); `cut`: half the body,
+                then the connection closes."""
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.flush()
+                try:
+                    if how == "cut":
+                        self.wfile.write(data[: len(data) // 2])
+                        self.wfile.flush()
+                    else:
+                        for i in range(len(data)):
+                            self.wfile.write(data[i:i + 1])
+                            self.wfile.flush()
+                            time.sleep(1.0)
+                except OSError:
+                    pass  # the client gave up
+                self.close_connection = True
+                try:
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
 
             def do_GET(self):
                 with server.lock:
                     server.auth_headers.append(self.headers.get("Authorization", ""))
+                    server.headers_seen.append((self.path, dict(self.headers.items())))
                 if self.path == "/health":
                     return self._send(200, "", "text/plain")
                 if self.path == "/version":
@@ -151,6 +186,9 @@ class FakeOpenAIServer:
                 body = json.loads(self.rfile.read(length) or b"{}")
                 with server.lock:
                     server.auth_headers.append(self.headers.get("Authorization", ""))
+                    server.headers_seen.append((self.path, dict(self.headers.items())))
+                if self.path in server.hostile_paths:
+                    return self._send_badly(server.hostile_paths[self.path], json.dumps({"count": 3}).encode())
                 if self.path == "/tokenize" and body.get("add_special_tokens") is not None and "prompt" in body:
                     ids = [token_id(t) for t in word_tokens(body["prompt"])]
                     ids = ([1] if body["add_special_tokens"] else []) + ids  # BOS id 1
@@ -206,10 +244,13 @@ class FakeOpenAIServer:
                     for i in range(n):
                         text = (server.answer_fn(messages, i, body.get("seed")) if server.answer_fn
                                 else answer_for(messages, i))
+                        finish = "stop"
+                        if body.get("max_tokens") and len(text.split()) > body["max_tokens"]:
+                            text, finish = " ".join(text.split()[: body["max_tokens"]]), "length"  # one word a token
                         message = {"role": "assistant", "content": text}
                         if server.reasoning:
                             message["reasoning_content"] = f"thinking about choice {i}"
-                        choices.append({"index": i, "message": message, "finish_reason": "stop",
+                        choices.append({"index": i, "message": message, "finish_reason": finish,
                                         "token_ids": list(range(len(text.split())))})
                     prompt_tokens = len(" ".join(m["content"] for m in messages).split())
                     key = messages[-1]["content"]
@@ -238,6 +279,16 @@ class FakeOpenAIServer:
                     answer["model"] = "some-other-model"
                 elif fault == "no_choices":
                     del answer["choices"]
+                elif fault == "usage_negative":
+                    answer["usage"]["completion_tokens"] = -3
+                elif fault == "usage_huge":
+                    answer["usage"]["prompt_tokens"] = 3_957_783_000
+                elif fault == "cached_huge":
+                    answer["usage"]["prompt_tokens_details"]["cached_tokens"] = prompt_tokens + 10**6
+                elif fault == "huge":
+                    answer["choices"][0].get("message", answer["choices"][0])["content"] = "x" * HUGE_BYTES
+                elif fault in ("trickle", "cut"):
+                    return self._send_badly(fault, json.dumps(answer).encode())
                 else:
                     with server.lock:
                         server.completed.append(key)

@@ -122,9 +122,9 @@ RANKS = {
     "engines": 5,
     "records": 6,
     "report": 7,
-    "runner": 8, "arms": 8, "shard": 8, "plan": 8, "token_counts": 8, "overrides": 8,
+    "runner": 8, "arms": 8, "shard": 8, "plan": 8, "token_counts": 8, "overrides": 8, "stopping": 8, "table": 8,
     "registry": 9,
-    "calibrate": 10, "divergence": 10, "perf": 10, "probe": 10,  # the wings
+    "calibrate": 10, "divergence": 10, "perf": 10, "power": 10, "probe": 10,  # the wings
     "sensitivity": 11,  # builds on divergence's measures and passages
     "__main__": 12, "hydra_callbacks": 12,
 }

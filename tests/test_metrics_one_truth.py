@@ -13,7 +13,7 @@ from fp8eval.metrics.pairing import recovery_of
 from fp8eval.metrics.select import one_per_key
 from fp8eval.report.analysis import Settings, arm_table, build_pairs, recovery_table
 from fp8eval.report.load import load_runs
-from fp8eval.runner import format_table
+from fp8eval.table import format_table
 
 RUN = ["engine=fake", "engine.script=needle", "+engine.engine_args.fake_fp8_error=0.4",
        "task.lengths=[1024,2048]", "task.depths=[0,50,100]", "task.repeats=2", "sampling.temperature=0.7",
@@ -63,9 +63,18 @@ def test_summary_table_and_report_agree_exactly(tmp_path):
         assert rec.loc[group, "recovery_pct"] == value, group
     assert rec.loc["all", "baseline_score"] == summary["arms"]["bf16"]["score"]
     assert rec.loc["all", "variant_stderr"] == summary["arms"]["fp8"]["stderr"]
+    # the verdicts' CI, MDE and counts (issue 22) come from one function too
+    ver = summary["verdict"]
+    for group, entry in [("all", ver["overall"]), *ver["by_group"].items()]:
+        for col, key in [("ci_low", "ci_low"), ("mde_pts", "mde_pts"), ("lost", "lost"), ("gained", "gained"),
+                         ("ci_method", "ci_method")]:
+            want = entry[key]
+            assert rec.loc[group, col] == (want if want is not None else rec.loc[group, col]), (group, col)
+        assert (rec.loc[group, "ci_high"] == entry["ci_high"]) or entry["ci_high"] is None
     # the terminal table prints the same summary
     text = format_table(summary)
     assert f"{summary['recovery']['overall']:.1f}%" in text
+    assert f"verdict (gate 95%): {ver['overall']['verdict']}" in text
     # and the later good record won in both paths: the flipped score is what counts
     recs = [json.loads(x) for x in Path(summary["arms"]["fp8"]["records"]).read_text().splitlines()]
     kept, replaced = one_per_key(recs)

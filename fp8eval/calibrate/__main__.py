@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from fp8eval.calibrate.config import CalibConfig, CalibrateConfig, CalibrationError, unknown_calib_keys
 from fp8eval.calibrate.run import calibrate
 from fp8eval.core.paths import CONF_DIR
+from fp8eval.core.secrets import guard_std_streams
 from fp8eval.registry import register_wing
 
 
@@ -56,4 +57,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    guard_std_streams()  # every line printed, Hydra's errors included, is redacted (fp8eval.core.secrets)
     main()

@@ -69,7 +69,7 @@ class Request:
 class Choice:
     text: str  # the answer text, reasoning removed when the engine splits it out
     finish_reason: str  # "stop" | "length" | "error"
-    output_tokens: int
+    output_tokens: int | None  # None: the engine gave no per-sequence count (a server with only a total)
     reasoning: str | None = None  # server-side reasoning_content, kept for the records
     error: str | None = None
 

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from fp8eval.arms import ArmEngines, open_engines, resolve_arms
 from fp8eval.config import KVConfig, kv_fingerprint_view
 from fp8eval.core.hashing import canonical_json, fingerprint_hash
+from fp8eval.core.secrets import redact_obj
 from fp8eval.divergence import measures as M
 from fp8eval.divergence import sources
 from fp8eval.divergence.documents import Passage, load_tokenizer, passages
@@ -211,7 +212,7 @@ def _run(cfg, run_dir: Path, door: ArmEngines, out) -> dict:
         # The same passages measured as a top-k engine would (comparable with engine=vllm's numbers).
         result["topk_view"] = {"topk": int(dcfg.topk), "method": "topk_shared_renormalised",
                                "buckets": topk_view.result(), "overall": topk_view.overall()}
-    (run_dir / "divergence.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    (run_dir / "divergence.json").write_text(json.dumps(redact_obj(result), indent=2) + "\n", encoding="utf-8")
     if dcfg.plot:
         try:
             from fp8eval.divergence.plot import plot_divergence

@@ -9,8 +9,14 @@ fingerprint does not depend on how many replicas served it (one URL or five resu
 
 Requests go to the least-loaded live replica (fewest in flight, `engine.concurrency` each). A replica
 whose connection fails and whose /health no longer answers is dropped; its in-flight requests go back to
-the queue and are sent elsewhere, so every request is answered exactly once. 5xx and timeouts on a live
-replica are retried (anywhere) with backoff, up to `engine.max_retries` per request.
+the queue and are sent elsewhere, so every request is answered exactly once. 5xx, timeouts and unusable
+answers on a live replica are retried with backoff, up to `engine.max_retries` per request, on another
+replica than the one that just failed (when there is one). A replica that fails `engine.eject_after`
+requests in a row while its /health still answers (e.g. it cuts every answer mid-body) is ejected: no
+request goes to it again in this run, and the run completes on the others. The last live replica is
+never ejected (its failures then stop the run through the retry budget). Drops and ejections are counted
+in summary.json (`replica_pool`) and named in `engine_warnings`. Each replica's `AsyncOpenAI` client runs
+without SDK retries (`sdk_retries=0`): the pool retries, so a retry can change replica.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from fp8eval.config import RunConfig
+from fp8eval.core.secrets import redact
 from fp8eval.engines import async_bridge
 from fp8eval.engines.base import Completion, EngineError, Request
 from fp8eval.engines.server import ServerEngine
@@ -109,6 +116,9 @@ class Replica:
     alive: bool = True
     in_flight: int = 0
     answered: int = 0
+    failures: int = 0  # requests failed in a row (reset by an answer)
+    failed_total: int = 0
+    ejected: bool = False
 
 
 class PoolEngine:
@@ -121,6 +131,10 @@ class PoolEngine:
         self.kv = kv
         self.concurrency = max(1, int(cfg.engine.concurrency))
         self.max_retries = max(0, int(cfg.engine.max_retries))
+        self.eject_after = int(cfg.engine.eject_after)
+        if self.eject_after < 1:
+            raise EngineError(f"engine.eject_after={cfg.engine.eject_after}: a replica needs at least 1 failure "
+                              "in a row before it is ejected (e.g. 3)")
         self.replicas: list[Replica] = []
         self.dropped: list[str] = []
         self._prefill: dict[str, float] | None = {}
@@ -129,8 +143,8 @@ class PoolEngine:
                 try:
                     engine = ServerEngine(one_url_cfg(cfg, kv, url), kv, shared)
                 except EngineError as exc:
-                    raise EngineError(f"Replica {i} ({url}) of arm {kv.name} failed its preflight, so the arm "
-                                      f"does not start: {exc}") from None
+                    raise EngineError(f"Replica {i} ({redact(url)}) of arm {kv.name} failed its preflight, so the "
+                                      f"arm does not start: {exc}") from None
                 self.replicas.append(Replica(i, url, engine))
             self._check_same()
         except BaseException:
@@ -140,7 +154,7 @@ class PoolEngine:
     def _check_same(self) -> None:
         odd = odd_replicas([identity(r.engine.preflight) for r in self.replicas])
         if odd:
-            lines = [f"replica {i} ({self.replicas[i].url}): " + "; ".join(diffs) for i, diffs in odd]
+            lines = [f"replica {i} ({redact(self.replicas[i].url)}): " + "; ".join(diffs) for i, diffs in odd]
             raise EngineError(
                 f"The replicas of arm {self.kv.name} do not all run the same thing, so their records could "
                 "not be pooled: " + " | ".join(lines) + ". Restart the odd replica(s) with the same vLLM "
@@ -171,7 +185,26 @@ class PoolEngine:
     def _drop(self, rep: Replica, why: str) -> None:
         if rep.alive:
             rep.alive = False
-            self.dropped.append(f"replica {rep.index} ({rep.url}) dropped after {rep.answered} answers: {why}")
+            self.dropped.append(redact(f"replica {rep.index} ({rep.url}) dropped after {rep.answered} answers: {why}"))
+
+    def _failed(self, rep: Replica, why: str) -> None:
+        """Count a failed request against `rep`; eject it after eject_after in a row (never the last one)."""
+        rep.failures += 1
+        rep.failed_total += 1
+        others = [r for r in self.replicas if r.alive and r is not rep]
+        if rep.alive and rep.failures >= self.eject_after and others:
+            rep.ejected = True
+            self._drop(rep, f"ejected after {rep.failures} failed requests in a row while /health answered "
+                            f"(last: {why})")
+
+    def pool_stats(self) -> dict[str, Any]:
+        """summary.json's `replica_pool`: replicas, how many were dropped (down) or ejected (failing), and
+        per replica its answers and failed requests (no URLs: they may carry credentials)."""
+        return {"replicas": len(self.replicas),
+                "dropped": sum(1 for r in self.replicas if not r.alive and not r.ejected),
+                "ejected": sum(1 for r in self.replicas if r.ejected),
+                "per_replica": [{"index": r.index, "alive": r.alive, "ejected": r.ejected, "answered": r.answered,
+                                 "failed_requests": r.failed_total} for r in self.replicas]}
 
     def count_prompt_tokens(self, request: Request) -> int:
         while True:
@@ -222,18 +255,19 @@ class PoolEngine:
                     self._prefill[key] = self._prefill.get(key, 0.0) + value - before.get(key, 0.0)
 
     async def _dispatch(self, requests: list[Request], out: queue.Queue, stop: threading.Event) -> None:
-        clients = {r.index: r.engine.async_client() for r in self.replicas}
-        pending: deque[tuple[Request, int]] = deque((r, 0) for r in requests)
+        clients = {r.index: r.engine.async_client(sdk_retries=0) for r in self.replicas}
+        # (request, attempt, index of the replica that failed it last: avoided while another is free)
+        pending: deque[tuple[Request, int, int | None]] = deque((r, 0, None) for r in requests)
         tasks: dict[asyncio.Task, tuple[Replica, Request, int]] = {}
         waiting = [0]  # requests sleeping their backoff before going back into `pending`
         loop = asyncio.get_running_loop()
 
-        def requeue_later(req: Request, attempt: int, delay: float) -> None:
+        def requeue_later(req: Request, attempt: int, delay: float, avoid: int | None) -> None:
             waiting[0] += 1
 
             def back() -> None:
                 waiting[0] -= 1
-                pending.appendleft((req, attempt))
+                pending.appendleft((req, attempt, avoid))
 
             loop.call_later(delay, back)
 
@@ -246,8 +280,12 @@ class PoolEngine:
                     free = [r for r in live if r.in_flight < self.concurrency]
                     if not free:
                         break
-                    rep = min(free, key=lambda r: (r.in_flight, r.index))
-                    req, attempt = pending.popleft()
+                    req, attempt, avoid = pending[0]
+                    elsewhere = [r for r in free if r.index != avoid]
+                    if not elsewhere and any(r.index != avoid for r in live):
+                        break  # wait for another replica than the one that just failed this request
+                    rep = min(elsewhere or free, key=lambda r: (r.in_flight, r.index))
+                    pending.popleft()
                     rep.in_flight += 1
                     tasks[asyncio.create_task(rep.engine.call_once(clients[rep.index], req))] = (rep, req, attempt)
                 if not tasks:
@@ -260,6 +298,7 @@ class PoolEngine:
                     exc = task.exception()
                     if exc is None:
                         rep.answered += 1
+                        rep.failures = 0
                         out.put(("completion", task.result()))
                         continue
                     await self._handle_failure(rep, req, attempt, exc, out, requeue_later, pending)
@@ -269,15 +308,16 @@ class PoolEngine:
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
             for client in clients.values():
-                await client.aclose()
+                await client.close()
 
     async def _handle_failure(self, rep: Replica, req: Request, attempt: int, exc: BaseException,
                               out: queue.Queue, requeue_later, pending: deque) -> None:
         # The outcomes of one checked attempt (fp8eval.engines.server.client.Endpoint.attempt).
-        if isinstance(exc, Unreachable):  # refused, reset, or timed out
+        if isinstance(exc, Unreachable):  # refused, reset, cut mid-body, or past the deadline
             if not rep.alive or not await asyncio.to_thread(rep.engine._healthy):
+                rep.failed_total += 1
                 self._drop(rep, f"{_short(exc)}; /health does not answer")
-                pending.appendleft((req, attempt))  # not the request's fault: no attempt counted
+                pending.appendleft((req, attempt, rep.index))  # not the request's fault: no attempt counted
                 return
         elif isinstance(exc, HTTPStatusError) and exc.status_code in REQUEST_ERROR_STATUS:
             # This request alone is bad (e.g. too long for the server): an error record, the rest go on.
@@ -285,20 +325,21 @@ class PoolEngine:
             return
         elif isinstance(exc, HTTPStatusError) and not retryable_status(exc.status_code):
             raise EngineError(
-                f"Replica {rep.index} ({rep.url}) refused request {req.id} with HTTP {exc.status_code} "
+                f"Replica {rep.index} ({redact(rep.url)}) refused request {req.id} with HTTP {exc.status_code} "
                 f"({exc.text}); stopping (this would fail every request). Records so far are kept.") from None
-        elif isinstance(exc, BadAnswer):  # malformed or short: retried; at the end, kept as error records
-            if attempt >= self.max_retries:
+        elif not isinstance(exc, (HTTPStatusError, BadAnswer)):
+            raise exc  # WrongModel and anything unexpected stop the run
+        # A live replica failed this request (5xx, timeout, cut answer, unusable answer): counted against it.
+        self._failed(rep, f"{type(exc).__name__}: {_short(exc)}")
+        if attempt >= self.max_retries:
+            if isinstance(exc, BadAnswer):  # malformed or short: kept as error records, never lost
                 out.put(("completion", final_answer(req, exc, attempt + 1)))
                 return
-        elif not isinstance(exc, HTTPStatusError):
-            raise exc  # WrongModel and anything unexpected stop the run
-        if attempt >= self.max_retries:
             raise EngineError(
                 f"Request {req.id} failed {attempt + 1} times on the replicas of arm {self.kv.name} (last: "
-                f"replica {rep.index} {rep.url}, {type(exc).__name__}: {_short(exc)}). Stopping; every completed "
-                "record is kept, so rerunning the same command resumes where this run stopped.")
-        requeue_later(req, attempt + 1, rep.engine._backoff(attempt))
+                f"replica {rep.index} {redact(rep.url)}, {type(exc).__name__}: {_short(exc)}). Stopping; every "
+                "completed record is kept, so rerunning the same command resumes where this run stopped.")
+        requeue_later(req, attempt + 1, rep.engine._backoff(attempt), rep.index)
 
     def close(self) -> None:
         for rep in self.replicas:

@@ -5,12 +5,12 @@ from __future__ import annotations
 import math
 from typing import Callable, Iterable, Sequence
 
-from fp8eval.metrics import stats
+from fp8eval.metrics import stats, verdict
 from fp8eval.metrics.groups import label_sort_key
 from fp8eval.metrics.pairing import Paired, pair_records, recovery
 from fp8eval.metrics.select import is_scored, one_per_key
 
-__all__ = ["arm_summary", "group_numbers", "grouped", "mean_of", "paired_recovery", "score_stderr"]
+__all__ = ["arm_summary", "group_numbers", "grouped", "mean_of", "paired_recovery", "paired_verdicts", "score_stderr"]
 
 
 def mean_of(xs: Sequence[float]) -> float | None:
@@ -103,3 +103,14 @@ def paired_recovery(baseline: Sequence[dict], variant: Sequence[dict]) -> dict:
     variant, _ = one_per_key(variant)
     paired: Paired = pair_records(baseline, variant)
     return recovery(baseline, variant, paired)
+
+
+def paired_verdicts(baseline: Sequence[dict], variant: Sequence[dict], settings: verdict.GateSettings,
+                    cluster_of=None) -> dict:
+    """summary.json's `verdict`: the gate on the honest recovery CI, overall and per group, with the MDE
+    and what more would decide it (`metrics.verdict`). `cluster_of(sample_id, groups)` names each record's
+    cluster (the task's `cluster_of`; default the sample)."""
+    baseline, _ = one_per_key(baseline)
+    variant, _ = one_per_key(variant)
+    paired = pair_records(baseline, variant)
+    return verdict.verdicts(verdict.records_to_pairs(baseline, variant, paired, cluster_of), settings)

@@ -13,6 +13,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from fp8eval.core.paths import display_path
+from fp8eval.core.secrets import guard_std_streams
 from fp8eval.perf.config import PerfRunConfig
 from fp8eval.registry import register_wing
 
@@ -44,4 +45,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    guard_std_streams()  # every line printed, Hydra's errors included, is redacted (fp8eval.core.secrets)
     main()

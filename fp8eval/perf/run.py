@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fp8eval.arms import ArmEngines, open_engines, resolve_arms
+from fp8eval.core.secrets import redact, redact_obj
 from fp8eval.perf import analysis
 from fp8eval.perf.arms import Arm, model_vocab, open_arm, perf_cfg
 from fp8eval.perf.client import (
@@ -163,7 +164,7 @@ def _run(cfg, p, names: list[str], kvs: dict, door: ArmEngines, run_dir: Path, l
                 tokenizer = tokenizer or arm.tokenizer
                 result["arms"][name] = measure_arm(arm, m, p, log)
             except Exception as exc:  # noqa: BLE001 - an arm that cannot run is recorded; the others go on
-                log(f"[perf] {name}: FAILED: {exc}")
+                log(f"[perf] {name}: FAILED: {redact(exc)}")
                 result["arms"][name] = {"error": f"{type(exc).__name__}: {exc}"}
             finally:
                 if isinstance(arm, Arm):
@@ -198,14 +199,14 @@ def _overhead_or_error(client, bench_dir, seed, p, tokenizer, log) -> dict[str, 
 def _write(result: dict[str, Any], run_dir: Path) -> None:
     _derive(result)
     tmp = run_dir / "perf.json.tmp"
-    tmp.write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(redact_obj(result), indent=2) + "\n", encoding="utf-8")
     tmp.replace(run_dir / "perf.json")
 
 
 def _open_one(door: ArmEngines, kv, log: Callable[[str], None]) -> Arm:
     t0 = time.monotonic()
     arm = open_arm(door, kv)
-    log(f"[perf] {kv.name}: server ready at {arm.url} ({time.monotonic() - t0:.0f} s), "
+    log(f"[perf] {kv.name}: server ready at {redact(arm.url)} ({time.monotonic() - t0:.0f} s), "
         f"KV capacity {arm.capacity.get('tokens')} tokens")
     return arm
 

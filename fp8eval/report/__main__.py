@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from fp8eval.core.secrets import guard_std_streams
 from fp8eval.metrics.pairing import PairingError
 from fp8eval.report import write_report
 from fp8eval.report.load import ReportInputError
@@ -24,8 +25,8 @@ def parser() -> argparse.ArgumentParser:
                    help="run directories (holding summary.json) or output roots searched recursively")
     p.add_argument("--out", type=Path, default=None, help="report directory (default: <first PATH>/report)")
     p.add_argument("--gate", type=float, default=95.0, help="recovery %% a variant must keep (default 95)")
-    p.add_argument("--unsure-margin", type=float, default=2.0,
-                   help="points the CI's lower end may fall below the gate for a pass (default 2)")
+    p.add_argument("--unsure-margin", type=float, default=0.0,
+                   help="points the CI's lower end may fall below the gate for a pass (default 0: non-inferiority)")
     p.add_argument("--sign-alpha", type=float, default=0.05,
                    help="one-sided sign-test level for a systematic downward shift (default 0.05)")
     p.add_argument("--right-at", type=float, default=0.5,
@@ -75,4 +76,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    guard_std_streams()  # every line printed, Hydra's errors included, is redacted (fp8eval.core.secrets)
     sys.exit(main())

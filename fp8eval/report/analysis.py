@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from fp8eval.metrics import stats
+from fp8eval.metrics import verdict as gate
 from fp8eval.metrics.arm import group_numbers, grouped
 from fp8eval.metrics.auc import context_arena_auc
 from fp8eval.metrics.groups import BARE_FAMILY, cell_key, label_sort_key, parse_size, split_label
 from fp8eval.metrics.pairing import PairingError, pair_records, recovery_of
 from fp8eval.metrics.select import is_scored
 from fp8eval.report.load import Arm, Run
+from fp8eval.tasks import REGISTRY, task_class
 
 
 @dataclass
@@ -37,6 +39,18 @@ class Settings:
     n_boot: int = 2000
     level: float = 0.95
     seed: int = 0
+    gate: float = 95.0  # the verdict columns (metrics.verdict): the CI is at `level`
+    power: float = 0.8
+    right_at: float = 0.5
+
+    def gate_settings(self) -> gate.GateSettings:
+        """The summary's verdict settings for these report settings."""
+        return gate.GateSettings(gate=self.gate, alpha=1.0 - self.level, power=self.power, right_at=self.right_at)
+
+
+def cluster_of(task: str):
+    """The task's record -> cluster function (`Task.cluster_of`); the sample for a task not registered."""
+    return task_class(task).cluster_of if task in REGISTRY else (lambda sample_id, groups: sample_id)
 
 
 def row_seed(base: int, *key: object) -> int:
@@ -127,12 +141,13 @@ def _rows_in_group(df: pd.DataFrame, group: str) -> pd.DataFrame:
 
 
 def recovery_row(pair: Pair, group: str, settings: Settings) -> dict:
-    """One row of the recovery table: both arms' scores and stderrs, recovery % with its paired-bootstrap CI, counts and
-    cutoff rates, over the pair's records in `group`."""
+    """One row of the recovery table: both arms' scores and stderrs, recovery % with the summary's CI
+    (`metrics.verdict`: Bonett-Price or clustered Fieller) and the paired bootstrap beside it, the MDE,
+    what would decide it, counts and cutoff rates, over the pair's records in `group`."""
     df = _rows_in_group(pair.paired, group)
     keys = _rows_in_group(pair.all_keys, group)
     ps = per_sample(df)
-    ci = stats.paired_bootstrap_recovery(
+    boot = stats.paired_bootstrap_recovery(
         ps["b"].to_numpy(), ps["v"].to_numpy(), n_boot=settings.n_boot, level=settings.level,
         seed=row_seed(settings.seed, pair.model, pair.task, pair.baseline.fingerprint,
                       pair.variant.fingerprint, group))
@@ -141,18 +156,37 @@ def recovery_row(pair: Pair, group: str, settings: Settings) -> dict:
     b = group_numbers(_as_records(df, "b"))
     v = group_numbers(_as_records(df, "v"))
     point = recovery_of(list(zip(df["b_score"], df["v_score"])))
+    clus = cluster_of(pair.task)
+    judged = gate.entry([(str(clus(s, tuple(g))), float(x), float(y)) for s, g, x, y in
+                         zip(df["sample_id"], df["groups"], df["b_score"], df["v_score"])], settings.gate_settings(),
+                        samples=int(ps.shape[0]) or None)
     return {
         "model": pair.model, "task": pair.task, "baseline": pair.baseline.label,
         "variant": pair.variant.label, "group": group, "metric": "pass@1",
         "baseline_score": _nan(b["score"]), "variant_score": _nan(v["score"]),
         "baseline_stderr": _nan(b["stderr"]), "variant_stderr": _nan(v["stderr"]),
-        "recovery_pct": _nan(point), "ci_low": ci.low, "ci_high": ci.high, "n": n,
-        "n_samples": int(ps.shape[0]), "n_repeats": int(df["repeat"].nunique()) if n else 0,
+        "recovery_pct": _nan(point), "ci_low": _nan(judged["ci_low"]), "ci_high": _inf(judged["ci_high"], point),
+        "n": n, "n_samples": int(ps.shape[0]), "n_repeats": int(df["repeat"].nunique()) if n else 0,
         "baseline_cutoff_rate": _nan(b["length_cutoff_rate"]),
         "variant_cutoff_rate": _nan(v["length_cutoff_rate"]),
         "n_excluded": int((keys["excluded"] != "").sum()),
         "baseline_arm": pair.baseline.fingerprint[:12], "variant_arm": pair.variant.fingerprint[:12],
+        **_judged_columns(judged), "boot_low": boot.low, "boot_high": boot.high,
     }
+
+
+def _judged_columns(e: dict) -> dict:
+    return {"ci_method": e["ci_method"], "diff_pts": _nan(e["diff_pts"]), "diff_low_pts": _nan(e["diff_low_pts"]),
+            "diff_high_pts": _nan(e["diff_high_pts"]), "mde_pts": _nan(e["mde_pts"]), "lost": e["lost"],
+            "gained": e["gained"], "n_clusters": e["n_clusters"], "more_samples": _nan(e["more_samples"]),
+            "more_repeats": _nan(e["more_repeats"])}
+
+
+def _inf(x: float | None, point: float | None) -> float:
+    """An upper CI end: None from metrics.verdict means unbounded (inf) when there is a point, else NaN."""
+    if x is not None:
+        return float(x)
+    return math.inf if point is not None else math.nan
 
 
 def _as_records(df: pd.DataFrame, side: str) -> list[dict]:
@@ -239,12 +273,31 @@ def recovery_table(pairs: list[Pair], settings: Settings) -> tuple[pd.DataFrame,
     rows: list[dict] = []
     notes: list[str] = []
     for pair in sorted(pairs, key=lambda p: (p.model, p.task, p.variant.label, p.baseline.label)):
+        first = len(rows)
         for group in ["all", *group_labels(pair)]:
             rows.append(recovery_row(pair, group, settings))
         extra, extra_notes = auc_rows(pair, settings)
-        rows.extend(extra)
+        rows.extend(widen_to(r, rows[first]) for r in extra)
         notes.extend(extra_notes)
     return pd.DataFrame(rows, columns=RECOVERY_COLUMNS), notes
+
+
+def widen_to(auc: dict, all_row: dict) -> dict:
+    """An AUC row's CI: its stratified bootstrap (kept in boot_low / boot_high), widened to at least the
+    relative width of the pass@1 row's honest CI: a bootstrap over few samples without a flip has zero
+    width, which is no evidence (docs/statistics.md)."""
+    out = {**auc, "boot_low": auc["ci_low"], "boot_high": auc["ci_high"],
+           **{k: all_row[k] for k in ("lost", "gained", "n_clusters", "more_samples", "more_repeats")},
+           "diff_pts": math.nan, "diff_low_pts": math.nan, "diff_high_pts": math.nan, "mde_pts": math.nan,
+           "ci_method": "stratified bootstrap, at least the pass@1 CI's relative width"}
+    point, ref = auc["recovery_pct"], all_row["recovery_pct"]
+    if not (math.isfinite(point) and math.isfinite(ref) and ref > 0):
+        return out
+    rel_lo, rel_hi = all_row["ci_low"] / ref, all_row["ci_high"] / ref
+    lo, hi = auc["ci_low"], auc["ci_high"]
+    out["ci_low"] = min(lo, point * rel_lo) if math.isfinite(lo) else point * rel_lo
+    out["ci_high"] = max(hi, point * rel_hi) if math.isfinite(hi) else point * rel_hi
+    return out
 
 
 RECOVERY_COLUMNS = [
@@ -252,6 +305,9 @@ RECOVERY_COLUMNS = [
     "baseline_stderr", "variant_stderr", "recovery_pct", "ci_low", "ci_high", "n", "n_samples",
     "n_repeats", "baseline_cutoff_rate", "variant_cutoff_rate", "n_excluded", "baseline_arm",
     "variant_arm",
+    # issue 22: the CI above is metrics.verdict's (its method named); the paired bootstrap stays beside it
+    "ci_method", "diff_pts", "diff_low_pts", "diff_high_pts", "mde_pts", "lost", "gained", "n_clusters",
+    "more_samples", "more_repeats", "boot_low", "boot_high",
 ]
 
 

@@ -33,7 +33,7 @@ def build_report(paths: list[Path], out: Path, *, n_boot: int, level: float, see
     """Load the runs, pair their arms and write recovery.csv, flips.csv, arms.csv, figures, report.md, index.html and
     verdicts.json into `out`; returns `out` resolved."""
     th = verdicts.Thresholds.from_kwargs(**thresholds)
-    settings = analysis.Settings(n_boot=n_boot, level=level, seed=seed)
+    settings = analysis.Settings(n_boot=n_boot, level=level, seed=seed, gate=th.gate, right_at=th.right_at)
     runs, arms = load_runs(paths)
     pairs, refused = analysis.build_pairs(runs, strict=strict)
     table, notes = analysis.recovery_table(pairs, settings)

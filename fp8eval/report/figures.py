@@ -245,7 +245,7 @@ def recovery_heatmap(headline: pd.DataFrame, gate: float, out_dir: Path) -> Figu
     if grid.empty:  # no pair has a defined recovery (e.g. every baseline scored 0)
         return None
     marks = h.pivot_table(index="row", columns="col", values="verdict", aggfunc="first")
-    symbol = {"pass": "✓", "fail": "✗", "unsure": "?", "n/a": ""}
+    symbol = {"pass": "✓", "fail": "✗", "inconclusive": "?", "n/a": ""}
     annot = grid.copy().astype(object)
     for r in grid.index:
         for c in grid.columns:
@@ -263,7 +263,7 @@ def recovery_heatmap(headline: pd.DataFrame, gate: float, out_dir: Path) -> Figu
     ax.set_xlabel("task (headline metric)")
     ax.set_ylabel("")
     ax.set_title(f"Recovery across models, tasks and KV variants (gate {gate:g}%)")
-    cap = (f"Cell: headline recovery % (AUC for MRCR, overall pass@1 otherwise); ✓ pass, ✗ fail, ? unsure"
+    cap = (f"Cell: headline recovery % (AUC for MRCR, overall pass@1 otherwise); ✓ pass, ✗ fail, ? inconclusive"
            f" against the {gate:g}% gate with its CI. Colour centred on the gate; grey: not run.")
     return _save(fig, out_dir, "recovery_heatmap", "Recovery heatmap", cap)
 

@@ -58,6 +58,11 @@ def _rel(fig_path: Path, out: Path) -> str:
         return str(fig_path)
 
 
+CI_METHODS = ("Bonett-Price hybrid Wilson score for binary scores with one record per sample, else Fieller's"
+              " interval over clusters (samples, or NIAH cells) with a one-flip variance floor; MRCR's AUC row"
+              " keeps its stratified bootstrap widened to the pass@1 CI's relative width.")
+
+
 # --- markdown ---------------------------------------------------------------------------------------
 def render_markdown(d: ReportData, out: Path) -> str:
     """The text of report.md: refused pairs, decision, headline recovery and why, sign tests, flips, figures, all rows,
@@ -66,9 +71,10 @@ def render_markdown(d: ReportData, out: Path) -> str:
     lv = f"{d.level * 100:.0f}%"
     lines = ["# FP8 KV cache recovery report", ""]
     lines += [f"Recovery = variant score / baseline score × 100, on records paired by (sample, repeat);"
-              f" {lv} paired-bootstrap CI ({d.n_boot} resamples of samples). Gate {th.gate:g}%,"
-              f" unsure margin {th.unsure_margin:g} points, sign-test alpha {th.sign_alpha:g},"
-              f" a record is right when its score ≥ {th.right_at:g}.", ""]
+              f" {lv} CI: {CI_METHODS} Gate {th.gate:g}% (pass only when the CI's lower end is at or above it),"
+              f" margin {th.unsure_margin:g} points, sign-test alpha {th.sign_alpha:g},"
+              f" a record is right when its score ≥ {th.right_at:g}. MDE: the drop (points of score) this run"
+              " detects with 80% power (docs/statistics.md).", ""]
     if d.refused:
         lines += ["## Refused pairs", ""] + [f"- {m}" for m in d.refused] + [""]
     lines += ["## Decision", ""]
@@ -77,12 +83,14 @@ def render_markdown(d: ReportData, out: Path) -> str:
     for dec in d.decisions:
         lines.append(f"- **{dec['model']} · {dec['variant']} vs {dec['baseline']}: {dec['decision']}.** {dec['text']}")
     lines += ["", "## Headline recovery", "",
-              "| model | task | baseline | variant | metric | baseline | variant | recovery | CI | n | verdict |",
-              "|---|---|---|---|---|---:|---:|---:|---|---:|---|"]
+              "| model | task | baseline | variant | metric | baseline | variant | recovery | CI | n | lost/gained"
+              " | MDE pts | verdict |",
+              "|---|---|---|---|---|---:|---:|---:|---|---:|---|---:|---|"]
     for r in d.headline.itertuples():
         metric = r.group if r.metric == "auc" else "pass@1"
         lines.append(f"| {r.model} | {r.task} | {r.baseline} | {r.variant} | {metric} | {_f(r.baseline_score, 4)}"
-                     f" | {_f(r.variant_score, 4)} | {_f(r.recovery_pct, 1, True)} | {_ci(r)} | {r.n} | **{r.verdict}** |")
+                     f" | {_f(r.variant_score, 4)} | {_f(r.recovery_pct, 1, True)} | {_ci(r)} | {r.n} |"
+                     f" {r.lost}/{r.gained} | {_f(r.mde_pts, 1)} | **{r.verdict}** |")
     lines += ["", "### Why", ""]
     for r in d.headline.itertuples():
         lines.append(f"- {r.model} · {r.task} · {r.variant}: **{r.verdict}**: {r.why}.")
@@ -153,7 +161,7 @@ th[aria-sort=ascending]::after{content:" ▲"} th[aria-sort=descending]::after{c
 .scroll{max-height:520px;overflow:auto}.full{overflow-x:auto}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-weight:600;font-size:12px}
 .pass,.keep{background:#d7f2dd;color:#14622b}.fail,.stay{background:#fbdcdc;color:#8a1c1c}
-.unsure,.undecided,.na{background:#fdf0cf;color:#7a5500}.calibrate{background:#e2e6fb;color:#2b3a8f}
+.inconclusive,.undecided,.na{background:#fdf0cf;color:#7a5500}.calibrate{background:#e2e6fb;color:#2b3a8f}
 .decision{margin:6px 0}
 figure{margin:10px 0 22px}figure img{max-width:100%;height:auto;border:1px solid #eceef2}
 figcaption{color:#555;font-size:12.5px;margin-top:4px}
@@ -228,7 +236,8 @@ def render_html(d: ReportData) -> str:
     parts.append("<section><h2>Headline recovery</h2>" + _table(head, {
         "model": "text", "task": "text", "baseline": "text", "variant": "text", "metric": "text",
         "baseline_score": "num", "variant_score": "num", "recovery_pct": "pct", "ci_low": "pct",
-        "ci_high": "pct", "n": "num", "verdict": "verdict", "why": "wrap"}, "headline", scroll=False) + "</section>")
+        "ci_high": "pct", "ci_method": "text", "n": "num", "lost": "num", "gained": "num", "mde_pts": "num",
+        "verdict": "verdict", "why": "wrap"}, "headline", scroll=False) + "</section>")
     if d.backends is not None and len(d.backends):
         parts.append("<section><h2>Recovery by attention backend</h2>" + _table(d.backends, {
             "model": "text", "task": "text", "baseline": "text", "variant": "text", "attention_backend": "text",
@@ -240,6 +249,7 @@ def render_html(d: ReportData) -> str:
         "baseline_score": "num", "variant_score": "num", "recovery_pct": "pct", "ci_low": "pct",
         "ci_high": "pct", "n": "num", "n_samples": "num", "n_repeats": "num",
         "baseline_cutoff_rate": "num", "variant_cutoff_rate": "num", "n_excluded": "num",
+        "lost": "num", "gained": "num", "mde_pts": "num", "more_samples": "num", "more_repeats": "num",
         "verdict": "verdict"}, "recovery") + "</section>")
     if d.sign_tests:
         st = pd.DataFrame([{"model": s.model, "scope": s.scope if s.unit == "bucket" else "across tasks",
@@ -267,9 +277,9 @@ def render_html(d: ReportData) -> str:
     notes = [html.escape(n) for n in d.notes] + [f"<code>{html.escape(str(p))}</code>" for p in d.run_dirs]
     parts.append("<section><h2>Notes and inputs</h2>" + "".join(f"<p class=\"note\">{n}</p>" for n in notes)
                  + "</section>")
-    subtitle = (f"Recovery = variant / baseline × 100 on records paired by (sample, repeat); {lv} paired-bootstrap CI"
-                f" ({d.n_boot} resamples). Gate {th.gate:g}%, unsure margin {th.unsure_margin:g} points,"
-                f" sign-test alpha {th.sign_alpha:g}.")
+    subtitle = (f"Recovery = variant / baseline × 100 on records paired by (sample, repeat); {lv} CI: {CI_METHODS}"
+                f" Gate {th.gate:g}% (pass only when the CI's lower end is at or above it), margin"
+                f" {th.unsure_margin:g} points, sign-test alpha {th.sign_alpha:g}.")
     csp = ("default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src 'unsafe-inline'")
     return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">'
             f'<meta http-equiv="Content-Security-Policy" content="{csp}">'

@@ -1,9 +1,10 @@
 """Verdicts: the recovery gate, the sign test for a systematic shift, flip lists, one decision.
 
-Rules (docs/report.md states them for readers):
-- gate: pass when recovery >= gate and the CI's lower end is no more than `unsure_margin` points below
-  the gate; fail when even the CI's upper end is below the gate; otherwise unsure (more samples or
-  repeats would decide it).
+Rules (docs/report.md and docs/statistics.md state them for readers):
+- gate: pass when the CI's lower end is at or above the gate (non-inferiority; `unsure_margin`, 0 by
+  default, lets a user accept a lower end that many points below it); fail when even the CI's upper end is
+  below the gate; otherwise inconclusive, naming how many more samples or repeats would decide it. The CI
+  is metrics.verdict's (Bonett-Price or clustered Fieller), the one summary.json carries.
 - shift: when the variant is below the baseline in more buckets (or tasks) than a fair coin allows
   (exact one-sided sign test, p <= sign_alpha), recommend calibration even if every single gap is
   inside its own error band (the seed study's Kimi-K2.5 case).
@@ -25,7 +26,7 @@ from fp8eval.report.analysis import Pair, per_sample
 @dataclass
 class Thresholds:
     gate: float = 95.0  # recovery % an arm must keep (the seed study's guidance)
-    unsure_margin: float = 2.0  # points the CI's lower end may reach below the gate for a pass
+    unsure_margin: float = 0.0  # points the CI's lower end may reach below the gate for a pass (a user's choice)
     sign_alpha: float = 0.05  # one-sided sign-test level for a systematic downward shift
     right_at: float = 0.5  # a record is "right" when its score is at least this (flip lists)
     z: float = 1.96  # a single bucket's gap is "inside its error band" when |gap| <= z * stderr
@@ -44,30 +45,41 @@ def _pct(x: float) -> str:
     return "n/a" if x is None or not math.isfinite(x) else f"{x:.1f}%"
 
 
-def gate_verdict(recovery: float, low: float, high: float, th: Thresholds, level: float = 0.95) -> tuple[str, str]:
-    """(verdict, one-sentence reason) for one recovery value and its CI."""
+def gate_verdict(recovery: float, low: float, high: float, th: Thresholds, level: float = 0.95,
+                 more: str = "") -> tuple[str, str]:
+    """(verdict, one-sentence reason) for one recovery value and its CI; `more` says what would decide an
+    inconclusive one (metrics.verdict's more_samples / more_repeats)."""
     lv = f"{level * 100:.0f}%"
     if recovery is None or not math.isfinite(recovery):
         return "n/a", "recovery is undefined (the baseline scored 0 or no record was scored in both arms)"
-    if not (math.isfinite(low) and math.isfinite(high)):
-        return "unsure", f"recovery {_pct(recovery)} has no CI, so the gate of {th.gate:g}% cannot be judged"
+    if not (math.isfinite(low) and not math.isnan(high)):
+        return "inconclusive", f"recovery {_pct(recovery)} has no CI, so the gate of {th.gate:g}% cannot be judged"
     ci = f"recovery {_pct(recovery)} ({lv} CI {_pct(low)} to {_pct(high)})"
+    more = more or "more samples or repeats would decide it"
     if high < th.gate:
         return "fail", f"{ci}: even the CI's upper end is below the {th.gate:g}% gate"
     if recovery >= th.gate and low >= th.gate - th.unsure_margin:
-        return "pass", (f"{ci}: at or above the {th.gate:g}% gate, and the CI's lower end is within"
-                        f" {th.unsure_margin:g} points of it")
+        slack = f" (less the {th.unsure_margin:g}-point margin allowed)" if th.unsure_margin else ""
+        return "pass", f"{ci}: the CI's lower end is at or above the {th.gate:g}% gate{slack}"
     if recovery >= th.gate:
-        return "unsure", (f"{ci}: above the {th.gate:g}% gate, but the CI reaches {th.gate - low:.1f} points"
-                          f" below it (allowed: {th.unsure_margin:g}); more samples or repeats would decide")
-    return "unsure", (f"{ci}: below the {th.gate:g}% gate but the CI reaches above it; more samples or"
-                      " repeats would decide")
+        return "inconclusive", (f"{ci}: above the {th.gate:g}% gate, but the CI reaches {th.gate - low:.1f} points"
+                                f" below it; {more}")
+    return "inconclusive", f"{ci}: below the {th.gate:g}% gate but the CI reaches above it; {more}"
+
+
+def _more(row) -> str:
+    parts = []
+    if math.isfinite(getattr(row, "more_samples", math.nan)):
+        parts.append(f"about {int(row.more_samples)} more samples")
+    if math.isfinite(getattr(row, "more_repeats", math.nan)):
+        parts.append(f"{int(row.more_repeats)} more repeats per sample")
+    return (" or ".join(parts) + " at the observed rates would decide it") if parts else ""
 
 
 def add_verdicts(table: pd.DataFrame, th: Thresholds, level: float) -> pd.DataFrame:
     """A copy of the recovery table with `verdict` and `why` columns (gate_verdict of each row)."""
     out = table.copy()
-    verdicts = [gate_verdict(r.recovery_pct, r.ci_low, r.ci_high, th, level) for r in out.itertuples()]
+    verdicts = [gate_verdict(r.recovery_pct, r.ci_low, r.ci_high, th, level, _more(r)) for r in out.itertuples()]
     out["verdict"] = [v for v, _ in verdicts]
     out["why"] = [w for _, w in verdicts]
     return out
@@ -212,7 +224,7 @@ def decisions(headline: pd.DataFrame, sign_tests: list[SignTest]) -> list[dict]:
         shifts = [s for s in sign_tests if s.model == model and s.baseline == base and s.variant == var
                   and s.shift]
         failed = list(g[g["verdict"] == "fail"]["task"])
-        unsure = list(g[g["verdict"].isin(["unsure", "n/a"])]["task"])
+        unsure = list(g[g["verdict"].isin(["inconclusive", "n/a"])]["task"])
         passed = list(g[g["verdict"] == "pass"]["task"])
         shift_where = [s.scope if s.unit == "bucket" else "across tasks" for s in shifts]
         if failed:
@@ -225,8 +237,8 @@ def decisions(headline: pd.DataFrame, sign_tests: list[SignTest]) -> list[dict]:
                     f" ({', '.join(shift_where)}): calibrate the KV scales before relying on it.")
         elif unsure:
             decision = "undecided"
-            text = (f"{var} is not decided on {', '.join(unsure)}: the CI straddles the gate; add samples or"
-                    " repeats.")
+            text = (f"{var} is not decided on {', '.join(unsure)}: the CI straddles the gate (or is undefined);"
+                    " add samples or repeats (each verdict says how many).")
         else:
             decision = "keep"
             text = f"{var} keeps the gate on every task ({', '.join(passed)}): FP8 KV is fine here."

@@ -10,6 +10,7 @@ import shlex
 from pathlib import Path
 
 from fp8eval.core.paths import display_path
+from fp8eval.core.secrets import redact, redact_obj
 from fp8eval.sensitivity.ranking import skip_layer_strings
 
 KV_FILE = "kv_skip_recommended.yaml"
@@ -62,14 +63,14 @@ def write(run_dir: Path, result: dict, kv) -> list[Path]:
     option = run_dir / "conf" / "kv" / f"{KV_OPTION}.yaml"
     option.parent.mkdir(parents=True, exist_ok=True)
     option.write_text(text, encoding="utf-8")
-    (run_dir / "sensitivity.json").write_text(json.dumps(_finite(result), indent=1) + "\n", encoding="utf-8")
+    (run_dir / "sensitivity.json").write_text(json.dumps(redact_obj(_finite(result)), indent=1) + "\n", encoding="utf-8")
     written = [run_dir / "sensitivity.json", run_dir / KV_FILE, option]
     try:
         heatmap(run_dir / "sensitivity_heatmap.png", result)
         written.append(run_dir / "sensitivity_heatmap.png")
     except ImportError as e:  # matplotlib is the `report` extra
         print(f"sensitivity: heatmap not drawn ({e}); pip install 'fp8eval[report]'")
-    (run_dir / "sensitivity.md").write_text(markdown(result), encoding="utf-8")
+    (run_dir / "sensitivity.md").write_text(redact(markdown(result)), encoding="utf-8")
     written.append(run_dir / "sensitivity.md")
     return written
 

@@ -86,6 +86,13 @@ class Task:
         """Extra task metrics for an arm's summary (e.g. MRCR's AUC). Records are that arm's."""
         return {}
 
+    @staticmethod
+    def cluster_of(sample_id: str, groups: tuple[str, ...]) -> str:
+        """The statistical unit a record belongs to (fp8eval.metrics.verdict, docs/statistics.md): records
+        of one cluster move together in every CI and power estimate. Default: the sample (its repeats).
+        Tasks whose samples share context (NIAH's cells share one haystack) return something coarser."""
+        return sample_id
+
     def notes(self) -> list[str]:
         """Lines to show the user about this run (e.g. 'grid capped at the model's 8k context')."""
         return []

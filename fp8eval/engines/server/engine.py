@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import fp8eval.engines.server.transport as transport
 from fp8eval.config import RunConfig
 from fp8eval.core.secrets import redact
 from fp8eval.engines import async_bridge
@@ -53,7 +54,12 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
         self.base_url = (e.base_urls or {}).get(arm.name) or e.base_url
         self.managed = not self.base_url
         self.concurrency = max(1, int(e.concurrency))
-        self.request_timeout_s = float(e.request_timeout_s)
+        try:
+            self.request_timeout_s = transport.check_timeout(e.request_timeout_s)
+        except ValueError as exc:
+            raise EngineError(str(exc)) from None
+        self.organization = e.organization or None
+        self.default_headers = _headers(e.default_headers)
         self.max_retries = max(0, int(e.max_retries))
         self.trust_declared_kv = bool(e.trust_declared_kv)
         self.args = self._engine_args(cfg, arm)
@@ -132,8 +138,9 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
         return int(self.post_json("/tokenize", body, refused)["count"])
 
     def post_json(self, path: str, body: dict, refused: Callable[[int, str], str]) -> dict:
-        """POST `body` to the server's `path` and return the JSON answer: a 5xx or a connection error is
-        retried (max_retries, backoff); a 4xx raises EngineError with `refused(status, text)` as the message."""
+        """POST `body` to the server's `path` and return the JSON answer: a 5xx, a connection error, a missed
+        deadline or a body that is not a JSON object is retried (max_retries, backoff); a 4xx raises
+        EngineError with `refused(status, text)` as the message."""
         import httpx
 
         last = None
@@ -141,12 +148,18 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
             try:
                 r = self._client().post(self.root + path, json=body)
                 if r.status_code == 200:
-                    return r.json()
-                if r.status_code < 500:
+                    answer = r.json()
+                    if isinstance(answer, dict):
+                        return answer
+                    last = f"the answer is a JSON {type(answer).__name__}, not an object"
+                elif r.status_code < 500:
                     raise EngineError(refused(r.status_code, redact(r.text[:300])))
-                last = f"HTTP {r.status_code}"
-            except httpx.HTTPError as exc:
+                else:
+                    last = f"HTTP {r.status_code}"
+            except (httpx.HTTPError, transport.AnswerTooLarge) as exc:
                 last = f"{type(exc).__name__}: {redact(exc)}"
+            except ValueError as exc:
+                last = f"malformed body ({exc})"
             time.sleep(self._backoff(attempt))
         raise EngineError(f"{path} failed {self.max_retries + 1} times ({last}); records so far are kept.")
 
@@ -191,18 +204,19 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
 
     def endpoint(self) -> Endpoint:
         """This engine's server as a client Endpoint (checked answers, retries)."""
+        mml = self.preflight.get("max_model_len") or self.args.get("max_model_len")
         return Endpoint(root=self.root, model_id=self.model_id, api_key=self._api_key,
                         max_retries=self.max_retries, backoff_s=self.retry_backoff_s,
-                        backoff_cap_s=self.retry_backoff_cap_s, token_ids=self._supports_token_ids)
+                        backoff_cap_s=self.retry_backoff_cap_s, token_ids=self._supports_token_ids,
+                        request_timeout_s=self.request_timeout_s, concurrency=self.concurrency,
+                        organization=self.organization, default_headers=self.default_headers,
+                        max_model_len=int(mml) if isinstance(mml, int) and mml > 0 else None)
 
-    def async_client(self):
-        """An httpx.AsyncClient for this server (close with `await client.aclose()`); no retries of its
-        own: `Endpoint.send` and the replica pool (fp8eval.engines.pool) retry."""
-        import httpx
-
-        return httpx.AsyncClient(timeout=httpx.Timeout(self.request_timeout_s, connect=30.0),
-                                 limits=httpx.Limits(max_connections=self.concurrency,
-                                                     max_keepalive_connections=self.concurrency))
+    def async_client(self, sdk_retries: int | None = None):
+        """An `openai.AsyncOpenAI` for this server (close with `await client.close()`), over the deadline
+        and size-bounded transport (fp8eval.engines.server.transport). Its own retries: max_retries, or
+        `sdk_retries` (the replica pool passes 0: it retries on another replica)."""
+        return self.endpoint().client(sdk_retries)
 
     async def call_once(self, client, req: Request) -> Completion:
         """One checked attempt (`Endpoint.attempt`): the Completion, or Unreachable, HTTPStatusError,
@@ -248,7 +262,7 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
                 task.cancel()
             if tasks:
                 await asyncio.gather(*tasks, return_exceptions=True)
-            await http.aclose()
+            await http.close()
         if failure:
             raise failure[0]
 
@@ -269,3 +283,14 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
         except Exception:
             pass
 
+
+
+def _headers(value: Any) -> dict[str, str]:
+    """engine.default_headers as {name: text}; anything else is refused in one line."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, (str, int, float))
+                                              and not isinstance(v, bool) for k, v in value.items()):
+        raise EngineError("engine.default_headers must map header names to text, e.g. "
+                          "'engine.default_headers={X-Team: eval}'")
+    return {k: str(v) for k, v in value.items()}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+import fp8eval.engines.server.transport as transport
 from fp8eval.core.secrets import redact
 from fp8eval.engines.base import EngineError
 from fp8eval.engines.vllm import kvcheck, logscan
@@ -43,21 +44,19 @@ class PreflightMixin:
     """ServerEngine's preflight half (needs self.cfg, self.kv, self.args, self.root, self.managed)."""
 
     def _client(self):
-        import httpx
-
+        """The synchronous client of preflight, /tokenize, /metrics and scoring: the SDK's auth headers,
+        the overall deadline and a size bound (fp8eval.engines.server.transport)."""
         if self._http is None:
-            self._http = httpx.Client(
-                timeout=httpx.Timeout(60.0, connect=10.0),
-                headers={"Authorization": f"Bearer {self._api_key}"},
-            )
+            self._http = transport.make_sync_client(
+                self.request_timeout_s, transport.sdk_headers(self._api_key, self.organization, self.default_headers))
         return self._http
 
     def _get(self, path: str):
         import httpx
 
         try:
-            return self._client().get(self.root + path)
-        except httpx.HTTPError as exc:
+            return self._client().get(self.root + path, timeout=min(60.0, self.request_timeout_s))
+        except (httpx.HTTPError, transport.AnswerTooLarge) as exc:
             raise EngineError(
                 f"Cannot reach the OpenAI-compatible server at {redact(self.root)} ({type(exc).__name__}: "
                 f"{redact(exc)}). Start it first, or leave `engine.base_url` unset to let fp8eval start one."

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -13,6 +14,8 @@ def prefill_stats(counters: dict[str, float] | None) -> dict[str, Any] | None:
     if not counters or not counters.get("prompt_tokens"):
         return None
     prompt, hits = float(counters["prompt_tokens"]), float(counters.get("prefix_cache_hits", 0.0))
+    if not (math.isfinite(prompt) and math.isfinite(hits) and prompt > 0 and 0 <= hits <= prompt):
+        return None  # counters that cannot be true (a server restarted mid-run, or lying): no figure at all
     return {"prompt_tokens_counted": int(prompt), "prefix_cache_hits": int(hits),
             "computed_prefill_tokens": int(prompt - hits), "prefix_cache_hit_rate": round(hits / prompt, 6)}
 

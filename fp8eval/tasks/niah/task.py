@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 from fp8eval.config import SamplingConfig, TaskConfig
 from fp8eval.core.seeds import rng_for
+from fp8eval.metrics.groups import cell_key
 from fp8eval.scoring.niah import niah_score
 from fp8eval.tasks.base import TASK_DATA_ROOT, Prompt, Sample, Score, SkipSample, Task, file_sha256
 from fp8eval.tasks.niah.haystack import HAYSTACK_DIR, haystack_text, sentence_boundary_before
@@ -60,6 +61,11 @@ class NiahTask(Task):
 
     def notes(self) -> list[str]:
         return list(self._notes)
+
+    @staticmethod
+    def cluster_of(sample_id: str, groups: tuple[str, ...]) -> str:
+        """A (length, depth) cell: its samples (needles_per_cell > 1) share one haystack text."""
+        return cell_key(groups) or sample_id
 
     def fingerprint(self) -> dict[str, Any]:
         return {"prompt_sha256": file_sha256(TASK_DATA_ROOT / "niah" / "prompt.txt"), "needle": NEEDLE,

@@ -1,0 +1,209 @@
+"""Verdicts that know their own resolution: the gate on the recovery CI, the MDE, what would decide it.
+
+Per task and per group label, from the paired records (`pairing.pair_records`): recovery with the CI of
+`intervals.recovery_ci`, the difference in points with its CI, the minimum detectable drop of this run
+(`power.mde` at the configured alpha and power, variances from these records), and a verdict:
+
+- pass: the CI's lower end is at or above the gate (non-inferiority at one-sided (1 - level) / 2);
+- fail: the CI's upper end is below the gate;
+- inconclusive: otherwise; `more_samples` / `more_repeats` say how much more of the same would decide it;
+- n/a: nothing paired, or a baseline that scored 0 (recovery undefined).
+
+summary.json's `verdict` block, the terminal table and the report all come from `verdicts()`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+from fp8eval.metrics import intervals, power
+from fp8eval.metrics.groups import label_sort_key
+
+Pairs = Sequence[tuple[str, float, float]]  # (cluster, baseline score, variant score), one per record
+VERDICTS = ("pass", "fail", "inconclusive", "n/a")
+
+
+@dataclass(frozen=True)
+class GateSettings:
+    gate: float = 95.0  # recovery % the variant must keep
+    alpha: float = 0.05  # two-sided: the CI level is 1 - alpha
+    power: float = 0.8  # of the MDE
+    right_at: float = 0.5  # a record is "right" at this score (lost / gained counts)
+
+    @property
+    def level(self) -> float:
+        """The CI level, 1 - alpha."""
+        return 1.0 - self.alpha
+
+    def check(self) -> "GateSettings":
+        """self, or ValueError naming a setting out of range."""
+        if not 0.0 < self.gate <= 100.0:
+            raise ValueError(f"gate is a recovery % in (0, 100], got {self.gate}")
+        if not 0.0 < self.alpha < 1.0 or not 0.0 < self.power < 1.0:
+            raise ValueError(f"alpha and power lie strictly between 0 and 1, got {self.alpha}, {self.power}")
+        return self
+
+
+def decide(low: float | None, high: float | None, gate: float) -> str:
+    """pass / fail / inconclusive of a recovery CI against the gate (n/a without a CI)."""
+    if low is None or high is None or not (math.isfinite(low) or math.isfinite(high)) or math.isnan(low):
+        return "n/a"
+    if low >= gate:
+        return "pass"
+    if high < gate:
+        return "fail"
+    return "inconclusive"
+
+
+def entry(pairs: Pairs, st: GateSettings, samples: int | None = None) -> dict:
+    """One verdict entry (summary.json `verdict.overall` or `verdict.by_group.<label>`). `samples`: the
+    distinct samples behind the pairs when clusters hold several (NIAH cells); default one per cluster."""
+    ci = intervals.recovery_ci(pairs, st.level, st.right_at)
+    out = {"verdict": "n/a", "why": "", **_ci_fields(ci), "mde_pts": None, "mde_recovery_pts": None,
+           "n_repeats": 0, "more_samples": None, "more_repeats": None}
+    if not pairs:
+        out["why"] = "no record was scored in both arms"
+        return out
+    base = sum(b for _, b, _ in pairs) / len(pairs)
+    n_samples = samples or len(_cluster_sizes(pairs))
+    out["n_repeats"] = math.ceil(len(pairs) / n_samples)
+    if base <= 0:
+        out["why"] = "the baseline scored 0, so recovery is undefined"
+        return out
+    var = power.variance_from_pairs(pairs, "this run") if ci.n_clusters >= 2 else None
+    k = ci.n_pairs / ci.n_clusters
+    if var is not None:
+        m = power.mde(var, ci.n_clusters, k, st.alpha, st.power)
+        out["mde_pts"] = round(100.0 * m, 3)
+        out["mde_recovery_pts"] = round(100.0 * m / base, 3)
+    verdict = decide(ci.low, ci.high, st.gate)
+    out["verdict"] = verdict
+    if verdict == "inconclusive":
+        out["more_samples"] = more_samples(pairs, st, n_samples=n_samples)
+        if var is not None and k >= 2:
+            out["more_repeats"] = more_repeats(var, ci, base, k, st)
+    out["why"] = explain(out, st)
+    return out
+
+
+def _ci_fields(ci: intervals.RecoveryCI) -> dict:
+    d = ci.as_dict()
+    return {"recovery": d["point"], "ci_low": d["low"], "ci_high": d["high"], "ci_method": d["method"],
+            "level": d["level"], "diff_pts": d["diff"], "diff_low_pts": d["diff_low"],
+            "diff_high_pts": d["diff_high"], "n_pairs": d["n_pairs"], "n_clusters": d["n_clusters"],
+            "lost": d["lost"], "gained": d["gained"]}
+
+
+def _cluster_sizes(pairs: Pairs) -> dict[str, int]:
+    sizes: dict[str, int] = {}
+    for c, _, _ in pairs:
+        sizes[str(c)] = sizes.get(str(c), 0) + 1
+    return sizes
+
+
+def more_samples(pairs: Pairs, st: GateSettings, max_factor: float = 1000.0, n_samples: int | None = None) -> int | None:
+    """How many more samples (clusters x their size) the CI needs to leave the gate if every observed
+    outcome kept its rate: the run's table scaled by a factor f found by bisection. None when even
+    max_factor times the data does not decide (the estimate sits at the gate)."""
+    def decided(f: float) -> bool:
+        lo, hi = _scaled_ci(pairs, f, st)
+        return decide(lo, hi, st.gate) in ("pass", "fail")
+
+    if not decided(max_factor):
+        return None
+    lo_f, hi_f = 1.0, max_factor
+    for _ in range(60):
+        mid = math.sqrt(lo_f * hi_f)
+        if decided(mid):
+            hi_f = mid
+        else:
+            lo_f = mid
+        if hi_f - lo_f < 0.01:
+            break
+    return max(1, math.ceil((n_samples or len(_cluster_sizes(pairs))) * (hi_f - 1.0)))
+
+
+def _scaled_ci(pairs: Pairs, f: float, st: GateSettings) -> tuple[float, float]:
+    """The recovery CI (%) of the data as if every cluster appeared f times (f real)."""
+    ci = intervals.recovery_ci(pairs, st.level, st.right_at)
+    if ci.method == "bonett-price":
+        both = sum(1 for _, b, v in pairs if b == 1.0 and v == 1.0)
+        _, lo, hi = intervals.bonett_price_ratio(both * f, ci.gained * f, ci.lost * f, st.level)
+        return 100 * lo, 100 * hi
+    mom = intervals.cluster_moments(pairs)
+    lo, hi = intervals.fieller_from_moments(mom, st.level, scale=f)
+    return 100 * lo, 100 * hi
+
+
+def more_repeats(var: power.Variance, ci: intervals.RecoveryCI, base: float, k: float, st: GateSettings) -> int | None:
+    """More repeats per sample that would decide it at the same samples: the k' whose CI half-width
+    (normal) is below the distance from the point difference to the gate. None when repeats alone
+    cannot (the between-sample variance is too large) or the point sits at the gate."""
+    margin = (st.gate / 100.0 - 1.0) * base  # the gate as a difference in score units
+    dist = abs(ci.diff / 100.0 - margin)
+    if dist <= 0 or ci.n_clusters < 2:
+        return None
+    z = intervals.z_quantile(1.0 - st.alpha / 2.0)
+    budget = ci.n_clusters * dist ** 2 / z ** 2
+    if var.omega2 >= budget:
+        return None
+    need = math.ceil(var.sigma2_w / (budget - var.omega2)) if var.sigma2_w > 0 else None
+    return None if need is None or need <= k else int(need - k)
+
+
+def explain(e: dict, st: GateSettings) -> str:
+    """The verdict in one sentence, with the CI, its method, the counts and the MDE."""
+    def pct(x):
+        return "inf" if x is None else f"{x:.1f}%"
+
+    lv = f"{st.level * 100:g}%"
+    ci = (f"recovery {pct(e['recovery'])} ({lv} CI {pct(e['ci_low'])} to {pct(e['ci_high'])}, {e['ci_method']};"
+          f" {e['n_pairs']} pairs in {e['n_clusters']} clusters, {e['lost']} lost / {e['gained']} gained)")
+    mde = f"; MDE {e['mde_pts']:.1f} points" if e.get("mde_pts") is not None else ""
+    if e["verdict"] == "pass":
+        return f"{ci}: the CI's lower end is at or above the {st.gate:g}% gate{mde}"
+    if e["verdict"] == "fail":
+        return f"{ci}: even the CI's upper end is below the {st.gate:g}% gate{mde}"
+    more = []
+    if e.get("more_samples") is not None:
+        more.append(f"about {e['more_samples']} more samples")
+    if e.get("more_repeats") is not None:
+        more.append(f"{e['more_repeats']} more repeats per sample")
+    need = (" or ".join(more) + " at the observed rates would decide it") if more else \
+        "the estimate sits at the gate: no amount of the same data decides it"
+    return f"{ci} straddles the {st.gate:g}% gate{mde}; {need}"
+
+
+def verdicts(pairs: Sequence[tuple], st: GateSettings) -> dict:
+    """summary.json's `verdict`: settings, `overall` and `by_group` entries from paired records
+    `(cluster, groups, baseline_score, variant_score[, sample_id])` (the sample id counts samples when a
+    cluster holds several)."""
+    st.check()
+    overall = [(p[0], p[2], p[3]) for p in pairs]
+    groups: dict[str, list[tuple[str, float, float]]] = {}
+    ids: dict[str, set] = {"": set()}
+    for p in pairs:
+        sid = p[4] if len(p) > 4 else p[0]
+        ids[""].add(sid)
+        for g in p[1]:
+            groups.setdefault(g, []).append((p[0], p[2], p[3]))
+            ids.setdefault(g, set()).add(sid)
+    return {"settings": {**asdict(st), "level": st.level},
+            "overall": entry(overall, st, len(ids[""]) or None),
+            "by_group": {g: entry(ps, st, len(ids[g])) for g, ps in sorted(groups.items(),
+                                                                            key=lambda kv: label_sort_key(kv[0]))}}
+
+
+def records_to_pairs(baseline: Sequence[dict], variant: Sequence[dict], paired,
+                     cluster_of: Callable[[str, tuple[str, ...]], str] | None = None
+                     ) -> list[tuple[str, tuple[str, ...], float, float, str]]:
+    """`verdicts()` input from two arms' records and their `pairing.Paired` (scored pairs only):
+    (cluster, groups, baseline score, variant score, sample id)."""
+    out = []
+    for k in paired.pairs:
+        c = cluster_of(k.sample_id, k.groups) if cluster_of is not None else k.sample_id
+        out.append((str(c), tuple(k.groups), float(baseline[k.baseline]["score"]), float(variant[k.variant]["score"]),
+                    str(k.sample_id)))
+    return out
