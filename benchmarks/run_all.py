@@ -120,6 +120,15 @@ def table(results: dict[str, dict]) -> str:
                 add(5, f"zero-work rerun, default command, {label}, report included",
                     f"{r['rerun']['requests_sent']} requests, {r['rerun']['wall_s']} s (first run {r['first']['wall_s']} s)",
                     "0 requests, ≤ 2 s", r["met"])
+    if "fa3_ratio" in results:
+        f = _first(results["fa3_ratio"]["lines"], lambda line: line.get("benchmark") == "fa3_ratio")
+        if f:
+            add(6, f"reference engine, `kv.attention=fa3_fp8` vs `kv_only`, {f['prompt_tokens'][0]}-token prompt, "
+                   f"{f['max_tokens']} new tokens, {f['rounds']} rounds",
+                f"{f['ratio_wall']}x wall ({f['wall_s']['fa3_fp8']} / {f['wall_s']['kv_only']} s), "
+                f"{f['ratio_cpu']}x CPU", f"≤ {f['target']}", f["met"])
+        else:
+            add(6, "fa3_fp8 / kv_only, reference engine", f"failed (rc {results['fa3_ratio']['rc']})", "", False)
     return "\n".join(rows)
 
 
@@ -128,7 +137,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results.json")
     ap.add_argument("--workdir", type=Path, default=Path("/tmp/fp8eval-bench"))
     ap.add_argument("--skip", nargs="*", default=[],
-                    choices=["overhead", "prefill", "vllm", "concurrency", "bucketing", "rerun"])
+                    choices=["overhead", "prefill", "vllm", "concurrency", "bucketing", "rerun", "fa3"])
     ap.add_argument("--table-only", action="store_true", help="print the table of an existing --out file")
     ap.add_argument("--lm-eval-python", default=None, help="a Python with lm-eval 0.4.13 (benchmarks/peers/README.md)")
     ap.add_argument("--lighteval-python", default=None, help="a Python with lighteval 0.13.0")
@@ -157,6 +166,8 @@ def main() -> None:
                                     str(args.workdir / "rerun-fake")], 600))
         plan.append(("rerun_reference", ["benchmarks/rerun.py", "--engine", "reference", "--workdir",
                                          str(args.workdir / "rerun-reference")], 1800))
+    if "fa3" not in args.skip:
+        plan.append(("fa3_ratio", ["benchmarks/fa3_ratio.py"], 3600))
     info = machine()
     results = {}
     for name, cmd, timeout in plan:

@@ -22,6 +22,7 @@ from fp8eval.core.jsonio import write_json
 from fp8eval.core.reasoning import split_reasoning
 from fp8eval.core.secrets import redact_obj
 from fp8eval.core.seeds import derive_seed
+from fp8eval.core.timing import EngineClock
 from fp8eval.engines.attention import check as check_attention_backend
 from fp8eval.engines.base import Request
 from fp8eval.engines.loglikelihood import send
@@ -118,6 +119,7 @@ class Runner:
             self.records_root = Path.cwd() / self.records_root
         self.views: dict[str, ArmRecords] = {}  # kv name -> the arm's valid records (fp8eval.records.read_arm)
         self.claim_poll_s = 2.0  # how often to look again while another process holds claims
+        self.clock = EngineClock()  # engine time vs harness time (summary.json "timing")
         self.rounds: Rounds | None = None  # stop=sequential: which samples each round takes (fp8eval.stopping)
 
     # --- arms -------------------------------------------------------------------------------------------
@@ -236,7 +238,8 @@ class Runner:
     # --- one arm ---------------------------------------------------------------------------------------
     def run_arm(self, task: Task, engine, arm: ArmSpec, items: list[PlannedItem]) -> dict:
         kv = arm
-        material = self.fingerprint_material(task, engine, arm)
+        with self.clock.engine("describe"):  # a vLLM engine's describe() may start it
+            material = self.fingerprint_material(task, engine, arm)
         fp = fingerprint_hash(material)
         store = ArmStore(self.records_root, task.name, fp, material, score_range=task.score_range,
                          commit_s=float(self.cfg.records_commit_s)).open()
@@ -259,7 +262,8 @@ class Runner:
                         "engine": material["engine"].get("kind")})
         if getattr(engine, "knob_audit", None) is not None:  # fp8eval.knobaudit: what the engine really ran
             summary["knob_audit"] = engine.knob_audit
-        stats = engine.prefill_stats() if sent and hasattr(engine, "prefill_stats") else None
+        with self.clock.engine("stats"):
+            stats = engine.prefill_stats() if sent and hasattr(engine, "prefill_stats") else None
         if stats:  # this invocation's prefill work, from the engine's own counters
             summary["engine_prefill"] = stats
         if hasattr(engine, "pool_stats"):  # a replica pool: replicas dropped or ejected, failures per replica
@@ -337,7 +341,7 @@ class Runner:
             # still appended together (one write, one fsync) once their scores are in.
             scorer = Scorer(task, auto_workers(task, self.cfg.scoring_workers))
             try:
-                for comp in send(engine, requests):
+                for comp in self.clock.stream(send(engine, requests), "generate"):
                     sent += 1
                     its = by_id[comp.request_id]
                     if len(comp.choices) != len(its):  # an engine must answer every sequence (or error it)
@@ -391,11 +395,11 @@ class Runner:
             rec.update(score=float(score.value), extracted=score.extracted, score_details=score.details)
         return self._write(store, recs)
 
-    @staticmethod
-    def _write(store: ArmStore, recs: list[dict]) -> int:
+    def _write(self, store: ArmStore, recs: list[dict]) -> int:
         """Append; the store's group commit releases the claims once an fsync covers the records (a key is
         never unclaimed before its record is durable)."""
-        store.append(recs)
+        with self.clock.harness("write_records"):
+            store.append(recs)
         return len(recs)
 
     # --- the whole run ------------------------------------------------------------------------------------
@@ -415,6 +419,7 @@ class Runner:
         cfg = self.cfg
         check_greedy_repeats(cfg, self.sampling)
         t0 = time.perf_counter()
+        self.clock = EngineClock()
         check_task_config(cfg.task)
         check_audit_config(cfg)
         arms = self.arms()
@@ -430,14 +435,18 @@ class Runner:
         door = open_engines(cfg)  # the arms share what they can (the reference engine's loaded model)
         for arm in self._passes(arms):  # each arm once; again per round with stop=sequential
             name, role = arm.name, arm.role
-            with door.engine(arm) as engine:  # closed before the next arm starts (vLLM frees the GPU)
-                backend = check_attention_backend(cfg, engine)  # before any request
+            with self.clock.engine("start"):
+                engine = door.open(arm)
+            try:
+                with self.clock.engine("start"):
+                    backend = check_attention_backend(cfg, engine)  # before any request
                 if task is None:
                     ctx = TaskContext(count_tokens=self._token_counter(engine), max_model_len=engine.max_model_len(),
                                       model_name=cfg.model.name, seed=cfg.seed,
                                       max_tokens=int(self.sampling["max_tokens"]))
                     task = tcls(task_cfg, ctx)
-                    items = self.plan(task, engine)
+                    with self.clock.harness("plan"):  # token counting included
+                        items = self.plan(task, engine)
                     if cfg.stop.name == "sequential":
                         self.rounds = Rounds(items, cfg.stop, cfg.stats, cfg.seed)
                     notes = task.notes()
@@ -451,6 +460,9 @@ class Runner:
                     summaries[name]["attention_backend"] = backend
                 if hasattr(engine, "startup_warnings"):  # vLLM engines: uncalibrated scales, fallbacks
                     summaries[name]["engine_warnings"] = engine.startup_warnings()
+            finally:  # closed before the next arm starts (vLLM frees the GPU)
+                with self.clock.engine("close"):
+                    door.close(engine)
         summary: dict[str, Any] = {
             "model": cfg.model.name,
             "task": cfg.task.name,
@@ -486,6 +498,7 @@ class Runner:
             views = [self.views[a.name].records for a in arms]
             summary["control"] = {**control_info, **control_comparison(views[0], views[1], views[2])}
         summary["wall_s"] = round(time.perf_counter() - t0, 2)
+        summary["timing"] = self.clock.report()
         self.run_dir.mkdir(parents=True, exist_ok=True)
         # redacted, never NaN/inf; one line on a disk error
         write_json(self.run_dir / "summary.json", redact_obj(summary))

@@ -4,8 +4,32 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${FP8EVAL_VENV:-.venv}"
-if [[ "${1:-}" == "--venv" ]]; then VENV="$2"; fi
+WHICH_TORCH=0
+case "${1:-}" in
+  --venv) VENV="$2" ;;
+  --which-torch) WHICH_TORCH=1 ;;  # print where a CPU torch would come from, install nothing
+esac
 PY="${PYTHON:-python3}"
+TORCH_VERSION=2.13.0
+# PyTorch's public CPU wheel index, the one PyTorch's own install instructions name; used when no CPU wheel
+# is at hand and FP8EVAL_TORCH_CPU_INDEX names no other.
+TORCH_CPU_INDEX_DEFAULT="https://download.pytorch.org/whl/cpu"
+
+# Where the CPU torch comes from: "local" (a wheel pip already sees: find-links, a wheelhouse), else the index
+# in FP8EVAL_TORCH_CPU_INDEX, else PyTorch's public CPU index. Prints "local" or "index URL (why)".
+torch_cpu_source() {
+  if "$1" -m pip install -q --dry-run --ignore-installed --no-index --no-deps "torch==$TORCH_VERSION" >/dev/null 2>&1; then
+    echo "local"
+  elif [[ -n "${FP8EVAL_TORCH_CPU_INDEX:-}" ]]; then
+    echo "index $FP8EVAL_TORCH_CPU_INDEX (FP8EVAL_TORCH_CPU_INDEX)"
+  else
+    echo "index $TORCH_CPU_INDEX_DEFAULT (PyTorch's public CPU wheel index; set FP8EVAL_TORCH_CPU_INDEX for another)"
+  fi
+}
+if (( WHICH_TORCH )); then
+  torch_cpu_source "$PY"
+  exit 0
+fi
 
 if [[ ! -x "$VENV/bin/python" ]]; then
   echo "[install] creating $VENV"
@@ -23,20 +47,18 @@ if ! python -c 'import torch' 2>/dev/null; then
     echo "[install] torch (CUDA build)"
     pip install -q "torch>=2.4"
   else
-    echo "[install] torch 2.13.0 (CPU build)"
-    # A CPU wheel pip can already see (a wheelhouse in find-links) wins; otherwise the index named by
-    # FP8EVAL_TORCH_CPU_INDEX (PyTorch's CPU wheel index URL, set it yourself: README "Install"), with pip's
-    # usual index for the rest. No index host is written here.
-    if pip install -q --no-index --no-deps "torch==2.13.0" 2>/dev/null; then
-      pip install -q "torch==2.13.0"  # its own dependencies, from the usual index
-    elif [[ -n "${FP8EVAL_TORCH_CPU_INDEX:-}" ]]; then
-      pip install -q --extra-index-url "$FP8EVAL_TORCH_CPU_INDEX" "torch==2.13.0+cpu" || \
-        pip install -q --extra-index-url "$FP8EVAL_TORCH_CPU_INDEX" "torch==2.13.0"
+    SRC=$(torch_cpu_source python)
+    if [[ "$SRC" == local ]]; then
+      echo "[install] torch $TORCH_VERSION (CPU build) from a wheel pip already sees (find-links / wheelhouse)"
+      pip install -q --no-index --no-deps "torch==$TORCH_VERSION"
+      pip install -q "torch==$TORCH_VERSION"  # its own dependencies, from the usual index
     else
-      echo "[install] no CPU torch wheel found. Put one where pip finds it (e.g. PIP_FIND_LINKS=DIR) or set" >&2
-      echo "[install] FP8EVAL_TORCH_CPU_INDEX to PyTorch's CPU wheel index URL; a plain PyPI torch is the" >&2
-      echo "[install] multi-GB CUDA build, which this script refuses to pull on a machine without a GPU." >&2
-      exit 2
+      INDEX=${SRC#index }
+      INDEX=${INDEX%% *}
+      echo "[install] torch $TORCH_VERSION (CPU build) from ${SRC#index }"
+      # The +cpu local version exists only on the CPU index; the usual index serves torch's dependencies.
+      pip install -q --extra-index-url "$INDEX" "torch==$TORCH_VERSION+cpu" || \
+        pip install -q --extra-index-url "$INDEX" "torch==$TORCH_VERSION"
     fi
   fi
 fi

@@ -8,6 +8,10 @@ from pathlib import Path
 
 import pytest
 
+# The reference engine's MKL mode (fp8eval/engines/cpu_numerics.py), set before any test's first matrix product:
+# MKL's mode can be chosen only once per process.
+os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"
 

@@ -143,6 +143,13 @@ def test_prefill_vllm_cpu_smoke():
     assert out["computed_prefill_tokens"] < 2 * out["prompt_tokens"] and out["met"]
 
 
+@pytest.mark.slow
+def test_fa3_ratio_smoke():
+    (out,) = _bench("benchmarks/fa3_ratio.py", "--tokens", "64", "--rounds", "1", "--max-tokens", "2", timeout=900)
+    assert out["benchmark"] == "fa3_ratio" and out["ratio_wall"] > 0 and out["ratio_cpu"] > 0
+    assert set(out["wall_s"]) == {"kv_only", "fa3_fp8"}
+
+
 def test_run_all_table_from_recorded_lines():
     from benchmarks.run_all import table
 
@@ -152,7 +159,11 @@ def test_run_all_table_from_recorded_lines():
         "rerun_fake": {"lines": [{"first": {"wall_s": 3.1, "requests_sent": 9}, "rerun": {"wall_s": 0.9,
                                   "requests_sent": 0}, "met": True}]},
         "prefill_vllm": {"rc": 1, "lines": []},
+        "fa3_ratio": {"lines": [{"benchmark": "fa3_ratio", "prompt_tokens": [4057], "rounds": 2, "max_tokens": 32,
+                                 "wall_s": {"kv_only": 10.0, "fa3_fp8": 12.0}, "ratio_wall": 1.2, "ratio_cpu": 1.1,
+                                 "target": 1.3, "met": True}]},
     }
     text = table(results)
     assert "| 3 | server engine, concurrency 8, 240 requests of 0.50 s" in text and "7.87 in flight (0.984)" in text
     assert "0 requests, 0.9 s (first run 3.1 s)" in text and "failed (rc 1)" in text
+    assert "| 6 | reference engine, `kv.attention=fa3_fp8` vs `kv_only`, 4057-token prompt" in text and "1.2x wall" in text

@@ -32,12 +32,10 @@ prints, to be set against the hardware's (`python -m fp8eval.probe` on a GPU wit
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from fp8eval.config import ACCUMULATION_MODES, ATTENTION_MODES
-from fp8eval.core.quant import fp8_roundtrip
+from fp8eval.core.quant import FP8_DTYPE, fp8_roundtrip
 
 FAST_ACC_K = 32  # keys per FP8 WGMMA k-step (32 bytes of K per instruction)
 FAST_ACC_BITS = 13  # fraction bits kept below the leading bit: ~14 significant bits
@@ -51,9 +49,9 @@ FAST_ACC_ALIGN = "products"
 # 1.19e-3 at 128k, against 1.4e-3 at 4k), the signature of partial sums combined in FP32 every 4096 keys.
 FAST_ACC_PROMOTE_EVERY = 4096
 FA3_MAX_OFFSET = 8  # P = exp2(x - (max - 8)) lies in [0, 256]
-# Elements of one [heads, query rows, keys] score slice held at a time (~1 GiB in float32).
+# Elements of one [heads, query rows, keys] score slice held at a time (at most ~1 GiB in float32).
 _SLICE_ELEMENTS = 1 << 28
-_SLICE_ROWS = 512
+_SLICE_ROWS = 64
 
 
 def fa3_block_n(head_dim: int, sliding: bool = False) -> int:
@@ -123,45 +121,98 @@ def _fa3_key_order(n_keys: int, block_n: int, device) -> torch.Tensor:
     return torch.cat([torch.arange(s, min(s + block_n, n_keys), device=device) for s in starts])
 
 
-def _scores(q, k, mask, scaling):
-    s = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scaling
-    if mask is not None:
-        if mask.dtype == torch.bool:
-            s = s.masked_fill(~mask, float("-inf"))
-        else:
-            s = s + mask.float()
-    return s
+def _fp8_values(fmt: str, device) -> torch.Tensor:
+    """The float32 value of each of the 256 FP8 bit patterns (a lookup table: faster than torch's cast back)."""
+    key = (fmt, str(device))
+    if key not in _FP8_TABLES:
+        _FP8_TABLES[key] = torch.arange(256, dtype=torch.uint8, device=device).view(FP8_DTYPE[fmt]).float()
+    return _FP8_TABLES[key]
 
 
-def _fa3_rows(q, k, v, mask, scaling, fmt, block_n, accumulation):
-    """FA3's FP8 forward for one slice of query rows (q already FP8-rounded). Returns float32 [.., Lq, Dv]."""
-    s = _scores(q, k, mask, scaling)  # [B, H, Lq, Lk]
+_FP8_TABLES: dict = {}
+
+
+def _to_fp8_in_place(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """x (non-negative, within the format's range: no saturation needed) rounded to FP8 (round to nearest
+    even, torch's cast) and read back, in place."""
+    bits = x.to(FP8_DTYPE[fmt]).view(torch.uint8).reshape(-1).int()
+    torch.index_select(_fp8_values(fmt, x.device), 0, bits, out=x.view(-1))
+    return x
+
+
+def _fa3_rows(s, v, fmt, block_n, accumulation):
+    """FA3's FP8 forward for scores s [.., rows, Lk] (from the FP8-rounded Q, masked, float32, contiguous;
+    overwritten). Returns float32 [.., rows, Dv]."""
     lk = s.shape[-1]
-    nb = math.ceil(lk / block_n)
-    pad = nb * block_n - lk
-    sb = torch.nn.functional.pad(s, (0, pad), value=float("-inf")).unflatten(-1, (nb, block_n))
-    bmax = sb.amax(-1)  # [B, H, Lq, nb]
+    full = lk // block_n
+    sf = s[..., :full * block_n].unflatten(-1, (full, block_n)) if full else None
+    tail = s[..., full * block_n:].unsqueeze(-2) if lk > full * block_n else None
+    bmax = torch.cat([x.amax(-1) for x in (sf, tail) if x is not None], dim=-1)  # [.., rows, nb]
     # The running max when block b is visited (blocks go from the last to the first).
     run = bmax.flip(-1).cummax(-1).values.flip(-1)
     run = torch.where(torch.isfinite(run), run, torch.zeros_like(run))
     final = run[..., :1]  # the max over the whole row (the first block is visited last)
-    p = torch.exp(sb - run.unsqueeze(-1)) * float(2 ** FA3_MAX_OFFSET)  # [0, 256], FP32
-    rescale = torch.exp(run - final).unsqueeze(-1)  # what later max updates multiply block b's share by
-    row_sum = (p * rescale).sum(dim=(-1, -2))  # from the unconverted P
-    w = (fp8_roundtrip(p, 1.0, fmt) * rescale).flatten(-2)[..., :lk]
-    num = _pv(w, v.float(), accumulation, order=_fa3_key_order(lk, block_n, w.device))
+    rescale = torch.exp(run - final)  # what later max updates multiply block b's share by
+    if sf is not None:  # P = exp(S - m) * 2^8 in [0, 256], in place, block by block
+        sf.sub_(run[..., :full].unsqueeze(-1))
+    if tail is not None:
+        tail.sub_(run[..., full:].unsqueeze(-1))
+    s.exp_().mul_(float(2 ** FA3_MAX_OFFSET))
+    # The row sum from the unconverted P, each block's sum rescaled as the kernel does. (torch's float32 sums
+    # gave the same bits under ATen's AVX2 and AVX-512 kernels and any thread count: tests/test_cpu_determinism.py.)
+    block_sums = torch.cat([x.sum(-1) for x in (sf, tail) if x is not None], dim=-1)
+    row_sum = (block_sums.double() * rescale.double()).sum(-1).float()
+    # P to FP8 for the P·V product (scale 1; P <= 256 needs no saturation), then each block's rescale.
+    _to_fp8_in_place(s, fmt)
+    if sf is not None:
+        sf.mul_(rescale[..., :full].unsqueeze(-1))
+    if tail is not None:
+        tail.mul_(rescale[..., full:].unsqueeze(-1))
+    num = _pv(s, v, accumulation, order=_fa3_key_order(lk, block_n, s.device))
     return num / row_sum.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(-1)
 
 
-def _unit_scale_rows(q, k, v, mask, scaling, fmt, accumulation):
-    probs = torch.softmax(_scores(q, k, mask, scaling), dim=-1)
+def _exp_in_place(s: torch.Tensor) -> torch.Tensor:
+    """exp(s - rowmax), in place (rows with no visible key stay at 0)."""
+    m = s.amax(-1, keepdim=True)
+    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    return s.sub_(m).exp_()
+
+
+def _row_sums(p: torch.Tensor) -> torch.Tensor:
+    """p's sums over the last dimension [.., rows, 1]."""
+    return p.sum(-1, keepdim=True)
+
+
+def _unit_scale_rows(s, v, fmt, accumulation):
+    probs = _exp_in_place(s)
+    probs.div_(_row_sums(probs).clamp_min(torch.finfo(torch.float32).tiny))
     probs = fp8_roundtrip(probs, 1.0, fmt)
-    return _pv(probs, v.float(), accumulation)
+    return _pv(probs, v, accumulation)
 
 
-def _exact_rows(q, k, v, mask, scaling, accumulation):
-    probs = torch.softmax(_scores(q, k, mask, scaling), dim=-1)
-    return _pv(probs, v.float(), accumulation)
+def _exact_rows(s, v, accumulation):
+    """Exact attention; with `exact` accumulation the row sums come out of the same product as P·V (V with a
+    column of ones appended)."""
+    p = _exp_in_place(s)
+    if accumulation != "exact":
+        return _pv(p, v, accumulation) / _row_sums(p).clamp_min(torch.finfo(torch.float32).tiny)
+    ones = torch.ones(*v.shape[:-1], 1, dtype=v.dtype, device=v.device)
+    nd = torch.matmul(p, torch.cat([v, ones], dim=-1))
+    return nd[..., :-1] / nd[..., -1:].clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def _mask_in_place(s5: torch.Tensor, mask: torch.Tensor | None, kv_heads: int, groups: int) -> None:
+    """Apply a bool (True = visible) or additive mask [.., heads or 1, rows, keys] to scores s5 [B, KVH, G, rows,
+    keys] (query heads grouped by the KV head they read)."""
+    if mask is None:
+        return
+    if mask.dim() == 4:
+        mask = mask.unsqueeze(2) if mask.shape[1] == 1 else mask.unflatten(1, (kv_heads, groups))
+    if mask.dtype == torch.bool:
+        s5.masked_fill_(~mask, float("-inf"))
+    else:
+        s5.add_(mask.float())
 
 
 def _pv(w, v, accumulation, order=None):
@@ -175,41 +226,56 @@ def _pv(w, v, accumulation, order=None):
 
 
 def emulated_attention(query, key, value, attention_mask, scaling: float, *, mode: str, accumulation: str,
-                       fmt: str, q_scale=1.0, sliding: bool = False) -> torch.Tensor:
+                       fmt: str | None, q_scale=1.0, sliding: bool = False) -> torch.Tensor:
     """Attention over [B, H, L, D] tensors (K/V already as the cache holds them) with Q, P and the P·V
-    accumulation treated as `mode` / `accumulation` say. Returns [B, Lq, H, D] in query's dtype, as
-    transformers' attention functions do."""
+    accumulation treated as `mode` / `accumulation` say (`kv_only` + `exact`: exact attention, what the
+    reference engine runs on CPU for every layer instead of SDPA, whose reductions follow the CPU's vector
+    width and thread count). Returns [B, Lq, H, D] in query's dtype, as transformers' attention functions do.
+
+    Computed from matrix products, elementwise steps and sums whose bits do not depend on the thread count or on
+    ATen's AVX2 / AVX-512 kernels (tests/test_cpu_determinism.py). Query heads that
+    share a KV head are stacked as rows of one product (no per-head copy of K and V)."""
     if mode not in ATTENTION_MODES:
         raise ValueError(f"kv.attention={mode!r}; valid: {', '.join(ATTENTION_MODES)}")
     if accumulation not in ACCUMULATION_MODES:
         raise ValueError(f"kv.accumulation={accumulation!r}; valid: {', '.join(ACCUMULATION_MODES)}")
-    groups = query.shape[1] // key.shape[1]
-    k = key.repeat_interleave(groups, dim=1) if groups > 1 else key
-    v = value.repeat_interleave(groups, dim=1) if groups > 1 else value
+    b, h, lq, d = query.shape
+    kvh, lk = key.shape[1], key.shape[2]
+    groups = h // kvh
     q = fp8_roundtrip(query, q_scale, fmt) if mode != "kv_only" else query
-    lq, lk = q.shape[2], k.shape[2]
-    if attention_mask is None and lq > 1:
-        # The sdpa mask builder returns None when plain causal masking suffices.
-        attention_mask = torch.ones(lq, lk, dtype=torch.bool, device=q.device).tril(lk - lq)
+    q, k, v = q.float(), key.float(), value.float()
+    # The sdpa mask builder returns None when plain causal masking suffices: row i sees keys up to lk - lq + i.
+    causal = attention_mask is None and lq > 1
     # Row slices of at most _SLICE_ROWS queries: under a causal mask a slice sees only the keys up to its
-    # last row, so the quadratic work is a triangle, not a square (about half), as FA3 skips masked blocks.
-    rows = max(1, min(_SLICE_ROWS, _SLICE_ELEMENTS // max(1, q.shape[0] * q.shape[1] * lk)))
-    outs = []
+    # last row, so the quadratic work is a triangle, not a square, as FA3 skips masked blocks; a slice's
+    # scores stay small enough to be worked on in cache.
+    rows = max(1, min(_SLICE_ROWS, _SLICE_ELEMENTS // max(1, b * h * lk)))
+    out = torch.empty(b, kvh, groups, lq, v.shape[-1], dtype=torch.float32, device=q.device)
     for r0 in range(0, lq, rows):
-        qs = q[:, :, r0:r0 + rows]
-        ks, vs, ms = k, v, None
-        if attention_mask is not None:
-            ms = attention_mask[..., r0:r0 + rows, :] if attention_mask.shape[-2] == lq else attention_mask
+        n = min(rows, lq - r0)
+        qs = q[:, :, r0:r0 + n].reshape(b, kvh, groups * n, d)
+        ks, vs, ms, end = k, v, None, lk
+        if causal:
+            end = lk - lq + r0 + n
+            ks, vs = k[:, :, :end], v[:, :, :end]
+        elif attention_mask is not None:
+            ms = attention_mask[..., r0:r0 + n, :] if attention_mask.shape[-2] == lq else attention_mask
             visible = ms if ms.dtype == torch.bool else ms > float("-inf")
             seen = visible.reshape(-1, visible.shape[-1]).any(0).nonzero()
             end = int(seen[-1]) + 1 if seen.numel() else lk
             if end < lk:  # keys no row of this slice can see add exp(-inf) = 0: leave them out exactly
                 ks, vs, ms = k[:, :, :end], v[:, :, :end], ms[..., :end]
-        if mode == "fa3_fp8":
-            outs.append(_fa3_rows(qs, ks, vs, ms, scaling, fmt, fa3_block_n(q.shape[-1], sliding), accumulation))
-        elif mode == "qp_unit_scale":
-            outs.append(_unit_scale_rows(qs, ks, vs, ms, scaling, fmt, accumulation))
+        s = torch.matmul(qs, ks.transpose(-1, -2)).mul_(scaling)  # [B, KVH, G*n, keys]
+        if causal:  # only the last n keys hold masked positions: the rows' diagonal
+            s.view(b, kvh, groups, n, end)[..., end - n:].masked_fill_(
+                torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
         else:
-            outs.append(_exact_rows(qs, ks, vs, ms, scaling, accumulation))
-    out = torch.cat(outs, dim=2).to(query.dtype)
-    return out.transpose(1, 2).contiguous()
+            _mask_in_place(s.view(b, kvh, groups, n, end), ms, kvh, groups)
+        if mode == "fa3_fp8":
+            o = _fa3_rows(s, vs, fmt, fa3_block_n(d, sliding), accumulation)
+        elif mode == "qp_unit_scale":
+            o = _unit_scale_rows(s, vs, fmt, accumulation)
+        else:
+            o = _exact_rows(s, vs, accumulation)
+        out[:, :, :, r0:r0 + n] = o.view(b, kvh, groups, n, -1)
+    return out.view(b, h, lq, -1).to(query.dtype).transpose(1, 2).contiguous()

@@ -136,12 +136,16 @@ def make_attention_function(policy_of):
     def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
         policy: KVPolicy = policy_of(module)
         key, value = policy.store(module, key, value, n_new=query.shape[-2])
-        if policy.emulates_kernel(module):
+        kernel = policy.emulates_kernel(module)
+        # On CPU every layer runs fp8eval's attention (exact when not emulating a kernel): SDPA's CPU kernel sums
+        # in an order that follows the vector width and the thread count, which moved answers between machines.
+        if kernel or query.device.type == "cpu":
             if scaling is None:
                 scaling = query.shape[-1] ** -0.5
-            out = emulated_attention(query, key, value, attention_mask, scaling, mode=policy.attention_mode,
-                                     accumulation=policy.accumulation, fmt=policy.fmt, q_scale=policy.q_scale,
-                                     sliding=_is_sliding(module))
+            out = emulated_attention(query, key, value, attention_mask, scaling,
+                                     mode=policy.attention_mode if kernel else "kv_only",
+                                     accumulation=policy.accumulation if kernel else "exact", fmt=policy.fmt,
+                                     q_scale=policy.q_scale, sliding=_is_sliding(module))
             return out, None
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)

@@ -103,6 +103,8 @@ class ReferenceEngine:
                    **emulation_in_effect({k: getattr(self.kv, k) for k in KV_EMULATION_DEFAULTS},
                                          self.cache_dtype)},
             "engine_args": dict(e.engine_args),
+            # Reproducible CPU numerics (fp8eval/engines/cpu_numerics.py); absent on GPU, whose fingerprints stay.
+            **({"cpu_numerics": _cpu_numerics()} if self._device_name() == "cpu" else {}),
         }
 
     def token_count_key(self) -> dict:
@@ -184,6 +186,13 @@ class ReferenceEngine:
 
         if self.cfg.engine.threads:
             torch.set_num_threads(int(self.cfg.engine.threads))
+        if self._device_name() == "cpu":
+            from fp8eval.engines import cpu_numerics
+
+            try:
+                cpu_numerics.pin()  # the mode the fingerprint records (describe)
+            except RuntimeError as e:
+                raise EngineError(str(e)) from e
         key = ("model", self._model_dir(), self._compute_dtype_name(), self._device_name())
         if key not in self._shared:
             from transformers import AutoModelForCausalLM
@@ -407,6 +416,12 @@ class ReferenceEngine:
 
     def close(self) -> None:
         self._model = None
+
+
+def _cpu_numerics() -> dict:
+    from fp8eval.engines import cpu_numerics
+
+    return cpu_numerics.describe()
 
 
 def _check_emulation(kv: ArmSpec) -> None:
