@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import OmegaConf
-from tqdm import tqdm
 
 import fp8eval.anatomy as anatomy
 import fp8eval.control as controls
@@ -19,6 +18,7 @@ from fp8eval.arms import ArmSpec, open_engines, resolve_arms
 from fp8eval.config import RunConfig, SamplingConfig, bf16_cache_spelling, kv_fingerprint_view
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.jsonio import write_json
+from fp8eval.core.progress import Progress
 from fp8eval.core.reasoning import split_reasoning
 from fp8eval.core.secrets import redact_obj
 from fp8eval.core.seeds import derive_seed
@@ -83,21 +83,6 @@ def _as_dict(obj) -> dict:
     return OmegaConf.to_container(OmegaConf.structured(obj), resolve=True) if dataclasses.is_dataclass(obj) else dict(obj)
 
 
-class _Progress:
-    def __init__(self, total: int, desc: str, enabled: bool):
-        self.bar = None
-        if enabled and total:
-            self.bar = tqdm(total=total, desc=desc, unit="sample", file=sys.stderr, dynamic_ncols=True)
-
-    def update(self, n: int) -> None:
-        if self.bar:
-            self.bar.update(n)
-
-    def close(self) -> None:
-        if self.bar:
-            self.bar.close()
-
-
 @dataclasses.dataclass
 class PlannedItem:
     sample: Sample
@@ -139,7 +124,7 @@ class Runner:
         all_samples = task.limit_samples(every)  # task.limit, by the task's rule (Task.limit_samples)
         # A shard plans (and counts the tokens of) only its own samples.
         samples = shards.mine(all_samples, shards.parse(self.cfg.shard), key=lambda s: s.id)
-        bar = _Progress(len(samples), "building prompts", self.cfg.progress and len(samples) > 20)
+        bar = Progress(len(samples), "building prompts", self.cfg.progress and len(samples) > 20)
         for sample in samples:
             shared_prompt = None
             for repeat in range(self.cfg.task.repeats):
@@ -336,7 +321,7 @@ class Runner:
 
         sent = 0
         if requests:
-            bar = _Progress(len(to_send), f"{task.name} kv={kv.name}", self.cfg.progress)
+            bar = Progress(len(to_send), f"{task.name} kv={kv.name}", self.cfg.progress)
             # Scoring may run in worker processes while the engine works; each completion's records are
             # still appended together (one write, one fsync) once their scores are in.
             scorer = Scorer(task, auto_workers(task, self.cfg.scoring_workers))

@@ -13,7 +13,7 @@ def test_baseline_and_variant_composed_the_same_way():
     cfg = compose(["kv=fp8"])
     base, var = resolve_arms(cfg)
     assert (base.name, base.role, var.name, var.role) == ("bf16", "baseline", "fp8", "variant")
-    assert var.engine_args["kv_cache_dtype"] == "fp8" and base.engine_args.get("kv_cache_dtype", "auto") == "auto"
+    assert var.engine_args["kv_cache_dtype"] == "fp8" and base.engine_args.get("kv_cache_dtype") == "bfloat16"  # asked explicitly (issue 24)
     assert base.engine_args["model"] == var.engine_args["model"] == cfg.model.hf_id  # model < kv < engine
     assert [a.role for a in resolve_arms(compose(["kv=fp8", "baseline=none"]))] == ["single"]
 

@@ -23,6 +23,10 @@ PINNED_0_26_0 = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "
 TQ_PRESETS = {"turboquant_k8v4": (8, 4, False), "turboquant_4bit_nc": (4, 4, True),
               "turboquant_k3v4_nc": (3, 4, True), "turboquant_3bit_nc": (3, 3, True)}
 TQ_BOUNDARY_LAYERS = 2  # TurboQuantConfig.get_boundary_skip_layers(n=2): first and last 2 layers stay BF16
+# The formats the reference engine emulates beyond fp8 (fp8eval/engines/kv_formats_emulation.py); here so that
+# naming them needs no torch import (a zero-work rerun describes its engines without loading torch).
+REFERENCE_EMULATED = ("fp8_per_token_head", "int8_per_token_head", "int4_per_token_head", *TQ_PRESETS, "nvfp4",
+                      "nvfp4_4over6")
 
 
 @dataclass(frozen=True)
@@ -44,8 +48,9 @@ class KVFormat:
 
 
 FORMATS: dict[str, KVFormat] = {f.name: f for f in (
-    KVFormat("auto", "model_dtype", "FLASH_ATTN", kv_option="bf16", note="the checkpoint's KV dtype, else the model dtype"),
-    KVFormat("bfloat16", "model_dtype", "FLASH_ATTN", kv_option="bf16_explicit"),
+    KVFormat("auto", "model_dtype", "FLASH_ATTN", kv_option=None,
+             note="the checkpoint's declared KV scheme, else the model dtype: kv=bf16 asks for bfloat16 instead"),
+    KVFormat("bfloat16", "model_dtype", "FLASH_ATTN", kv_option="bf16"),
     KVFormat("float16", "model_dtype", "FLASH_ATTN", kv_option=None,
              note="the model runs in bfloat16 here: a float16 cache would be a different baseline"),
     KVFormat("fp8", "fp8_tensor", "FLASH_ATTN", kv_option="fp8"),

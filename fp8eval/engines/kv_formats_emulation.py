@@ -44,7 +44,7 @@ import math
 
 import torch
 
-from fp8eval.core.kvformats import TQ_PRESETS
+from fp8eval.core.kvformats import REFERENCE_EMULATED, TQ_PRESETS
 from fp8eval.core.quant import FP8_MAX
 
 PER_TOKEN_HEAD_FLOOR = 1e-6
@@ -261,4 +261,4 @@ def roundtrips(cache_dtype: str, global_scale: float = 1.0, int8_rounding: str =
     raise ValueError(f"no reference emulation of kv_cache_dtype={cache_dtype!r}; emulated: {', '.join(EMULATED)}")
 
 
-EMULATED = ("fp8_per_token_head", "int8_per_token_head", "int4_per_token_head", *TQ_PRESETS, "nvfp4", "nvfp4_4over6")
+EMULATED = REFERENCE_EMULATED

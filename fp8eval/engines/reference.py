@@ -48,7 +48,7 @@ class ReferenceEngine:
                               "engine only runs real weights.")
         args = arm.engine_args
         self.cache_dtype = str(args.get("kv_cache_dtype", "auto"))
-        from fp8eval.engines.kv_formats_emulation import EMULATED
+        from fp8eval.core.kvformats import REFERENCE_EMULATED as EMULATED  # no torch import here
 
         if self.cache_dtype not in ("auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", *EMULATED):
             raise EngineError(

@@ -173,7 +173,9 @@ class VLLMOfflineEngine:
         }
         if self.trust_declared_kv:
             out["trust_declared_kv"] = True
-        out.update({"env": vchild.arm_env(self.kv)} if vchild.arm_env(self.kv) else {})  # only when set
+        arm_env = vchild.arm_env(getattr(self, "kv", None))
+        if arm_env:  # only when set (a control arm's)
+            out["env"] = arm_env
         return out
 
     def startup_warnings(self) -> dict[str, list[str]]:

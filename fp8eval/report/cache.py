@@ -30,7 +30,7 @@ OUTPUTS = ("recovery.csv", "flips.csv", "arms.csv", "report.md", "index.html", "
            "noise_floor.csv", "figures")
 TEXT_SUFFIXES = (".md", ".html", ".json", ".csv")
 KEEP = 32
-_VOLATILE_RUN = ("wall_s", "anatomy")  # anatomy: this invocation's counts; its rows are keyed below
+_VOLATILE_RUN = ("wall_s", "anatomy", "timing")  # anatomy: this invocation's counts (its rows are keyed below); timing
 _VOLATILE_ARM = ("requests_sent", "engine_prefill", "records_io")
 _SOURCES = ("report/*.py", "metrics/*.py")
 

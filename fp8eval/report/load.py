@@ -170,9 +170,14 @@ def _load_arm(model: str, task: str, kv: str, fp: str, path: Path, arm_summary: 
               run_dir: Path) -> Arm:
     """The arm's records as the runner counts them (fp8eval.records.read_arm: one per (sample, repeat),
     the last done one; foreign, corrupt and duplicate lines set aside and counted in `n_duplicates`)."""
-    # The report never shows completion texts nor per-record sampling: leaving them out keeps a large arm small.
-    view = read_arm(path, fp if len(fp) == 64 else None, task,
-                    drop=("completion", "reasoning", "score_details", "sampling", "skip_reason"))
+    # The report never shows completion texts nor per-record sampling: leaving them out keeps a large arm small;
+    # where flips of this task were dissected, arms keep their completions (with the baseline's they key the
+    # anatomy rows, fp8eval.records.anatomy).
+    from fp8eval.records.anatomy import store_path
+
+    dissected = store_path(Path(path).parents[1], task, fp).parent.is_dir()
+    drop = ("reasoning", "score_details", "sampling", "skip_reason") + (() if dissected else ("completion",))
+    view = read_arm(path, fp if len(fp) == 64 else None, task, drop=drop)
     records = [Record(rec, where[1]) for rec, where in zip(view.records, view.where)]
     return Arm(model, task, kv, fp, path, records, arm_summary, [run_dir], kv, sum(view.ignored.values()))
 

@@ -95,8 +95,9 @@ echo "== corpus + headline (timeout ${T} s)" | tee -a "$LOG"
 CPID=""
 [[ -n "${SKIP_CORPUS:-}" ]] && echo '{"skipped": "SKIP_CORPUS=1"}' > "$WORK/corpus.json"
 if [[ -z "${SKIP_CORPUS:-}" ]]; then
-  timeout -k 10 "$T" $PY -m fp8eval.knobaudit corpus "$WORK/corpus" --engine $CORPUS_KIND --out "$WORK/corpus.json" \
-    $CORPUS_ENG > "$WORK/corpus.log" 2>&1 &
+  # the overrides right after DIR: argparse takes no positional after the options (seen on the H200)
+  timeout -k 10 "$T" $PY -m fp8eval.knobaudit corpus "$WORK/corpus" $CORPUS_ENG --engine $CORPUS_KIND \
+    --out "$WORK/corpus.json" > "$WORK/corpus.log" 2>&1 &
   CPID=$!
 fi
 timeout -k 10 "$T" $PY -m fp8eval model=$HEAD_MODEL kv=fp8 $HEAD_ENG model.dummy=true records_dir=$WORK/records \
