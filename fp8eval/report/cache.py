@@ -21,6 +21,7 @@ import time
 from importlib import metadata
 from pathlib import Path
 
+from fp8eval.core.filehash import stream_sha256
 from fp8eval.core.paths import cache_root
 from fp8eval.records.anatomy import store_path
 from fp8eval.records.reader import arm_files
@@ -55,13 +56,6 @@ def _version(name: str) -> str | None:
         return None
 
 
-def _file_sha256(path: Path) -> str:
-    """sha256 of a file read in blocks (a records file can be hundreds of MB)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def report_key(run_dirs: list[Path], settings: dict) -> str | None:
@@ -81,10 +75,10 @@ def report_key(run_dirs: list[Path], settings: dict) -> str | None:
                 path = _resolve_records_path(str(arm["records"]), run_dir, {})
                 for i, part in enumerate(arm_files(path)):  # the primary file, then concurrent writers' segments
                     files.append([str(arm["records"]) if i == 0 else part.name,
-                                  _file_sha256(part)])
+                                  stream_sha256(part)])
                 dissected = store_path(path.parents[1], str(summary.get("task")), str(arm.get("fingerprint", "")))
                 if dissected.is_file():  # the anatomy of the arm's flips (fp8eval.anatomy), joined to flips.csv
-                    files.append([dissected.name, _file_sha256(dissected)])
+                    files.append([dissected.name, stream_sha256(dissected)])
             runs.append({"config": config, "summary": summary, "records": files})
     except (OSError, ValueError, KeyError, TypeError, AttributeError, ReportInputError):
         return None
