@@ -38,7 +38,7 @@ from fp8eval.stopping import Rounds
 from fp8eval.stopping import check as check_stop
 from fp8eval.tasks import task_class
 from fp8eval.tasks.base import Prompt, Sample, SkipSample, Task, TaskContext
-from fp8eval.token_counts import TokenCountCache
+from fp8eval.token_counts import PromptCounter, TokenCountCache
 from fp8eval.validate import check_audit_config, check_samples, check_task_config
 
 
@@ -124,6 +124,7 @@ class Runner:
         all_samples = task.limit_samples(every)  # task.limit, by the task's rule (Task.limit_samples)
         # A shard plans (and counts the tokens of) only its own samples.
         samples = shards.mine(all_samples, shards.parse(self.cfg.shard), key=lambda s: s.id)
+        task.prepare(samples)  # NIAH fits its haystacks here, counting each round's prompts in one batch
         bar = Progress(len(samples), "building prompts", self.cfg.progress and len(samples) > 20)
         for sample in samples:
             shared_prompt = None
@@ -148,27 +149,13 @@ class Runner:
         bar.close()
         return items
 
-    def _token_counter(self, engine):
-        """Prompt tokens under the engine's template, counted once per distinct prompt (a 1M-token MRCR
-        row is tokenised once even though the task and the length budget both ask) and, where the engine
-        names its tokenizer, kept on disk so a rerun plans without loading it."""
-        counts: dict[str, int] = {}
+    def _token_counter(self, engine) -> PromptCounter:
+        """Prompt tokens under the engine's template (fp8eval.token_counts.PromptCounter), kept on disk where
+        the engine names its tokenizer, so a rerun plans without loading it."""
         key = getattr(engine, "token_count_key", None)
         disk = TokenCountCache(self.records_root, {"tokenizer": key(), "chat_template_kwargs": dict(
             self.cfg.model.chat_template_kwargs)}) if key is not None else None
-
-        def count(prompt: Prompt) -> int:
-            h = prompt.hash()
-            if h not in counts:
-                n = disk.get(h) if disk is not None else None
-                if n is None:
-                    n = engine.count_prompt_tokens(self._request("count", prompt, 1, [0]))
-                    if disk is not None:
-                        disk.put(h, n)
-                counts[h] = n
-            return counts[h]
-
-        return count
+        return PromptCounter(engine, lambda prompt: self._request("count", prompt, 1, [0]), disk)
 
     def _request(self, rid: str, prompt: Prompt, n: int, seeds: list[int]) -> Request:
         return Request(id=rid, messages=tuple(prompt.messages), n=n, seeds=tuple(seeds),
@@ -426,7 +413,8 @@ class Runner:
                 with self.clock.engine("start"):
                     backend = check_attention_backend(cfg, engine)  # before any request
                 if task is None:
-                    ctx = TaskContext(count_tokens=self._token_counter(engine), max_model_len=engine.max_model_len(),
+                    counter = self._token_counter(engine)
+                    ctx = TaskContext(count_tokens=counter, count_many=counter.many, max_model_len=engine.max_model_len(),
                                       model_name=cfg.model.name, seed=cfg.seed,
                                       max_tokens=int(self.sampling["max_tokens"]))
                     task = tcls(task_cfg, ctx)

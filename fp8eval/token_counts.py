@@ -17,9 +17,56 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Callable
 
+from fp8eval.core.types import Prompt, Request
+from fp8eval.engines.base import EngineError
 from fp8eval.records import canonical_json, fingerprint_hash
 from fp8eval.records.store import io_error
+
+
+class PromptCounter:
+    """Prompt tokens under the engine's template, counted once per distinct prompt (a 1M-token MRCR row is
+    tokenised once even though the task and the length budget both ask) and, with `disk`, kept between runs.
+    `many()` sends the prompts not known yet to the engine together: `count_prompt_tokens_many` where the
+    engine has it (vLLM tokenizes a batch in parallel), one `count_prompt_tokens` each otherwise."""
+
+    def __init__(self, engine, request_of: Callable[[Prompt], Request], disk: "TokenCountCache | None"):
+        self.engine, self.request_of, self.disk = engine, request_of, disk
+        self.counts: dict[str, int] = {}
+        self.engine_calls = 0  # engine round trips (a batch is one), for summary.json's timing
+
+    def __call__(self, prompt: Prompt) -> int:
+        return self.many([prompt])[0]
+
+    def many(self, prompts: list[Prompt]) -> list[int]:
+        """The token counts of `prompts`, in order."""
+        hashes = [p.hash() for p in prompts]
+        todo: dict[str, Prompt] = {}
+        for h, p in zip(hashes, prompts):
+            if h in self.counts or h in todo:
+                continue
+            n = self.disk.get(h) if self.disk is not None else None
+            if n is None:
+                todo[h] = p
+            else:
+                self.counts[h] = n
+        if todo:
+            requests = [self.request_of(p) for p in todo.values()]
+            batch = getattr(self.engine, "count_prompt_tokens_many", None)
+            if batch is not None and len(requests) > 1:
+                got = [int(n) for n in batch(requests)]
+                self.engine_calls += 1
+                if len(got) != len(requests):
+                    raise EngineError(f"the engine counted the tokens of {len(got)} of the {len(requests)} prompts it was sent")
+            else:
+                got = [int(self.engine.count_prompt_tokens(r)) for r in requests]
+                self.engine_calls += len(requests)
+            for h, n in zip(todo, got):
+                self.counts[h] = n
+                if self.disk is not None:
+                    self.disk.put(h, n)
+        return [self.counts[h] for h in hashes]
 
 
 class TokenCountCache:
