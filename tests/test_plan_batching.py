@@ -6,12 +6,15 @@ equals its one-by-one count."""
 from __future__ import annotations
 
 import sys
+import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import compose
+from conftest import compose, run_inprocess
 
 from fp8eval.core.types import Prompt
+from fp8eval.engines.fake import FakeEngine
 from fp8eval.tasks.base import SkipSample, TaskContext
 from fp8eval.tasks.niah import NiahConfig, NiahTask, haystack
 from fp8eval.token_counts import PromptCounter, TokenCountCache
@@ -196,3 +199,76 @@ def test_vllm_worker_falls_back_when_the_batch_call_disagrees():
 
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-q"]))
+
+
+_FAKE_COUNT = FakeEngine.count_prompt_tokens  # before any test patches it
+
+
+class _Helper:
+    """A stand-in tokenizer-only worker: counts as the fake engine does, after a short load."""
+
+    def __init__(self, same: bool):
+        self.same, self.closed, self.counted = same, False, 0
+
+    def wait_ready(self, timeout_s):
+        time.sleep(0.1)
+
+    def max_model_len(self):
+        return 8192
+
+    def count_prompt_tokens(self, request):
+        self.counted += 1
+        return _FAKE_COUNT(None, request)
+
+    def same_counts_as(self, engine):
+        return self.same
+
+    def close(self):
+        self.closed = True
+
+
+def _records(summary):
+    import json
+
+    out = {}
+    for name, arm in summary["arms"].items():
+        rows = [json.loads(line) for line in Path(arm["records"]).read_text().splitlines()]
+        out[name] = sorted((r["sample_id"], r["prompt_hash"], r["prompt_tokens"]) for r in rows)
+    return out
+
+
+@pytest.mark.parametrize("same", [True, False])
+def test_runner_plans_while_the_engine_starts_and_uses_it_only_if_the_engine_counts_the_same(
+        tmp_path, monkeypatch, same):
+    import fp8eval.engines as engines
+
+    overrides = ["engine=fake", "task.lengths=[1024,2048]", "task.depths=[0,100]"]
+    plain = run_inprocess(tmp_path / "plain", overrides)
+    helpers = []
+    monkeypatch.setattr(engines, "start_early_counter", lambda cfg, arm, kind: helpers.append(_Helper(same))
+                        or helpers[-1])
+    slow_start = FakeEngine.__init__
+
+    def starting(self, *a, **kw):
+        time.sleep(1.0)  # the engine's start, during which the plan is made
+        slow_start(self, *a, **kw)
+
+    monkeypatch.setattr(FakeEngine, "__init__", starting)
+    engine_counts = []
+    count = FakeEngine.count_prompt_tokens
+    monkeypatch.setattr(FakeEngine, "count_prompt_tokens", lambda self, r: engine_counts.append(1) or count(self, r))
+    early = run_inprocess(tmp_path / "early", overrides)
+    for _ in range(250):  # the helper is closed in the background
+        if helpers[0].closed:
+            break
+        time.sleep(0.02)
+    assert len(helpers) == 1 and helpers[0].closed and helpers[0].counted > 0  # one plan, the first arm's start
+    assert _records(early) == _records(plain)
+    assert {a["fingerprint"] for a in early["arms"].values()} == {a["fingerprint"] for a in plain["arms"].values()}
+    t = early["timing"]
+    assert "plan_check" in t["harness_parts"]
+    if same:  # the plan ran inside the first start: overlapped, not in harness_s
+        assert t["harness_overlapped_s"] >= 0.5 * t["harness_parts"]["plan"] > 0
+    # the fake engine counts each prompt it answers; planning with it adds a count per prompt tried
+    answered = sum(a["requests_sent"] for a in early["arms"].values())
+    assert (len(engine_counts) == answered) if same else (len(engine_counts) > answered)

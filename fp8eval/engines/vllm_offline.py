@@ -201,6 +201,10 @@ class VLLMOfflineEngine:
             raise EngineError(f"vLLM could not tokenize request {request.id}: {reply.get('message')}")
         return int(reply["n"])
 
+    def tokenizer_fingerprint(self) -> str | None:
+        """What this worker's prompt token counts depend on (fp8eval.engines.vllm.early), None if unknown."""
+        return self._ask({"op": "fingerprint"}, "fingerprint its tokenizer")["fingerprint"]
+
     def count_prompt_tokens_many(self, requests: list[Request]) -> list[int]:
         """count_prompt_tokens of each request, tokenized in one batch by the worker (in parallel)."""
         reply = self._ask({"op": "count_many", "requests": [_request_json(r) for r in requests]}, "tokenize prompts")
@@ -442,9 +446,14 @@ def _worker_main() -> int:
     spec = json.loads(stdin.readline())
     try:
         vchild.check_env_known(spec.get("env") or {})
-        worker.start(spec["engine_args"])
-        worker.send({"op": "ready", "preflight": worker.preflight(spec["engine_args"]),
-                     "knob_readback": knob_live.worker_readback(worker.llm)})
+        if "--tokenizer-only" in sys.argv:  # engines/vllm/early.py: counts while vLLM starts
+            worker.tokenizer = prompt_ops.load_tokenizer(spec["engine_args"])
+            worker.dummy = spec["engine_args"].get("load_format") == "dummy"
+            worker.send({"op": "ready", "fingerprint": prompt_ops.tokenizer_fingerprint(worker.tokenizer)})
+        else:
+            worker.start(spec["engine_args"])
+            worker.send({"op": "ready", "preflight": worker.preflight(spec["engine_args"]),
+                         "knob_readback": knob_live.worker_readback(worker.llm)})
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises EngineError
         traceback.print_exc()
         worker.send({"op": "error", "type": type(e).__name__, "message": str(e)[:2000]})
@@ -458,6 +467,8 @@ def _worker_main() -> int:
                 worker.send({"op": "count", "n": len(worker.prompt_ids(msg["request"]))})
             elif op == "count_many":
                 worker.send({"op": "counts", "n": prompt_ops.count_many(worker, msg["requests"])})
+            elif op == "fingerprint":
+                worker.send({"op": "fingerprint", "fingerprint": prompt_ops.tokenizer_fingerprint(worker.tokenizer)})
             elif op == "prompt_logprobs" and "batch" in msg:  # several prompts in one vLLM call
                 worker.send({"op": "batch", "rows": prompt_ops.prompt_logprobs(worker.llm, msg["batch"], int(msg["k"]))})
             elif op == "prompt_logprobs":

@@ -5,7 +5,9 @@ log-probability and rank of each forced token under this arm)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+from typing import Any
 
 from fp8eval.engines.prompting import check_template_kwargs, plain_prompt_text
 
@@ -32,6 +34,41 @@ def prompt_text(worker, req: dict) -> tuple[str, bool]:
         # A tokenizer without a template (the model config claims one): plain text, as every engine
         # sends it (engines/prompting.py).
         return plain_prompt_text(req["messages"]), True
+
+
+def load_tokenizer(engine_args: dict[str, Any]):
+    """The tokenizer vLLM would load for `engine_args` (its `tokenizer`, else `model`)."""
+    name = engine_args.get("tokenizer") or engine_args["model"]
+    kwargs = {"trust_remote_code": bool(engine_args.get("trust_remote_code", False)),
+              "revision": engine_args.get("tokenizer_revision") or engine_args.get("revision")}
+    get_tokenizer = None
+    for module in ("vllm.tokenizers", "vllm.transformers_utils.tokenizer"):
+        try:
+            get_tokenizer = getattr(__import__(module, fromlist=["get_tokenizer"]), "get_tokenizer")
+            break
+        except (ImportError, AttributeError):
+            continue
+    if get_tokenizer is not None:
+        return get_tokenizer(name, tokenizer_mode=engine_args.get("tokenizer_mode", "auto"), **kwargs)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name, **kwargs)
+
+
+def tokenizer_fingerprint(tok) -> str | None:
+    """A hash of everything a prompt's token count depends on, or None when it cannot be known (a tokenizer
+    without a Rust backend): the transformers class, the backend's JSON, the chat template, the special tokens."""
+    if tok is None:
+        return None
+    backend = getattr(tok, "backend_tokenizer", None) or getattr(tok, "_tokenizer", None)
+    to_str = getattr(backend, "to_str", None)
+    if not callable(to_str):
+        return None
+    cls = next((c for c in type(tok).__mro__ if c.__module__.split(".")[0] == "transformers"), type(tok))
+    material = {"class": f"{cls.__module__}.{cls.__qualname__}", "backend": hashlib.sha256(
+        to_str().encode("utf-8")).hexdigest(), "chat_template": getattr(tok, "chat_template", None),
+        "special": getattr(tok, "special_tokens_map", None), "is_fast": getattr(tok, "is_fast", None)}
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode("utf-8")).hexdigest()
 
 
 def _encode(tok, text: str, special: bool) -> list[int]:
