@@ -187,8 +187,18 @@ def plan_task(runner, tcls, task_cfg, engine, max_model_len: int | None = None):
 def start_early_plan(runner, tcls, task_cfg, arm, kind: str | None) -> EarlyPlan | None:
     """Plan in a thread through a tokenizer-only worker while the arm's engine starts, where the engine kind
     has one (fp8eval.engines.start_early_counter); None otherwise."""
-    from fp8eval.engines import start_early_counter
+    from fp8eval.engines import arm_config, start_early_counter
 
+    if (kind or runner.cfg.engine.kind) == "vllm":
+        # The arm's model made loadable first (an embedded GGUF converted once, on a fresh machine): work of the
+        # engine's start-up, which it would otherwise do itself, so engine time; the worker's start is not.
+        with runner.clock.engine("start"):
+            try:
+                from fp8eval.engines.vllm.args import vllm_engine_args
+
+                vllm_engine_args(arm_config(runner.cfg, arm), arm)
+            except Exception:  # noqa: BLE001 - the engine's own start says what is wrong
+                return None
     with runner.clock.harness("plan_early_start"):
         helper = start_early_counter(runner.cfg, arm, kind)
     if helper is None:
