@@ -40,6 +40,9 @@ declare -A LAYERS=(
   [qwen3.5-27b-1m]="{num_hidden_layers:4}" [llama-3.3-70b]="{num_hidden_layers:2}"
   [llama-3.1-8b]="{num_hidden_layers:8}" [gpt-oss-20b]="{num_hidden_layers:8}"
   [kimi-k2.5]="{num_hidden_layers:2,n_routed_experts:32}"
+  # not a reduction: transformers 5.17 marks Gemma 4's head_dim per layer and raises when vLLM 0.26.0 reads the
+  # global value (AmbiguousGlobalPerLayerAttributeError, the start failure of 2026-12-03); this flag lets it read it
+  [gemma-4-e2b]="{allow_global_per_layer_attribute_access:true}"
 )
 if [[ -n "${DRY:-}" ]]; then
   MODELS=${MODELS:-smollm2-135m}
