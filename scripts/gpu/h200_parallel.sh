@@ -21,7 +21,8 @@
 # Waves (what the 2026-12-03 session ran; times are each job's own limit, capped by SECONDS):
 #   a  kvformats on gemma3-270m and SmolLM2 (vLLM kernels, the reference emulation, skip lists, facts), the gemma3
 #      noise floor (eager vs compiled, batch 1 vs 64, FP8 compiled), NIAH at 4k-32k with four accumulations
-#   b  every model config not yet started (dummy weights), the regression corpus, lm-eval on vLLM, the backends
+#   b  every model config not yet started (dummy weights), the regression corpus, lm-eval on vLLM, the backends,
+#      the paired NIAH run with the batch-1 control, the batch-invariant control
 #   harness  the harness's share of a GPU run, alone on the machine (a timing)
 set -u
 set -f
@@ -120,6 +121,13 @@ case $WAVE in
       ++engine.engine_args.enforce_eager=true ++engine.engine_args.kv_cache_memory_bytes=268435456 --engine vllm \
       --out "$W/models/corpus.json"
     job lmeval 480 env OUT="$W/lmeval" PYTHON="$PY" VLLM_EXTRA="$VE" LMEVAL_UTIL=0.1 LMEVAL_KVB=$KVB bash scripts/gpu/h200_lm_eval.sh
+    # the noise-floor steps of scripts/gpu/h200_noise_floor.sh not run on 2026-12-03 morning: a paired NIAH run with
+    # the batch-1 control (flips teacher-forced: their anatomy), and vLLM's batch-invariant mode as the control
+    job nf_niah_batch1 480 $PY -m fp8eval "records_dir=$NF/records" "hydra.run.dir=$NF/niah/batch1" model=smollm2-135m \
+      task=niah "task.lengths=[1024,2048]" "task.depths=[0,50,100]" task.needles_per_cell=2 control=batch1 report=false \
+      progress=false $NFV
+    job nf_batch_invariant_smollm2-135m 480 $PY -m fp8eval.divergence $DIV "hydra.run.dir=$NF/div/batch_invariant_smollm2-135m" \
+      model=smollm2-135m kv=fp8 control=batch_invariant $NFV
     job scale 480 env OUT="$W/scale" PYTHON="$PY" VLLM_EXTRA="++engine.engine_args.gpu_memory_utilization=$UTIL ++engine.engine_args.kv_cache_memory_bytes=$KVB" \
       bash scripts/gpu/h200_scale.sh
     ;;
