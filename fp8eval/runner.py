@@ -450,6 +450,13 @@ class Runner:
                 summary = self._summary(task, door, items, arms, summaries, notes, control_info)
         finally:
             self.clock.settle()
+        if cfg.anatomy and len(arms) >= 2 and cfg.shard is None:  # where each flip's completions part
+            # engine time: it opens the arm again and teacher-forces through it (on the H200 with the 60-sample
+            # NIAH grid, 27 s of vLLM start-up that was once counted as the harness's "summary")
+            with self.clock.engine("anatomy"):
+                summary["anatomy"] = anatomy.dissect(self, door, task, items, arms,
+                                                     {a.name: summaries[a.name]["fingerprint"] for a in arms},
+                                                     self.out, settle=self.clock.settle)
         summary["wall_s"] = round(time.perf_counter() - t0, 2)
         summary["timing"] = self.clock.report()
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -487,10 +494,6 @@ class Runner:
         if self.rounds is not None:
             summary["sequential"] = self.rounds.summary(self.views[arms[0].name].records,
                                                         self.views[arms[1].name].records)
-        if cfg.anatomy and len(arms) >= 2 and cfg.shard is None:  # where each flip's completions part
-            summary["anatomy"] = anatomy.dissect(self, door, task, items, arms,
-                                                 {a.name: summaries[a.name]["fingerprint"] for a in arms}, self.out,
-                                                 settle=self.clock.settle)
         if control_info is not None:  # the variant's flips next to the control's, and the excess
             views = [self.views[a.name].records for a in arms]
             summary["control"] = {**control_info, **control_comparison(views[0], views[1], views[2])}
