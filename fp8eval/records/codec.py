@@ -22,6 +22,11 @@ from fp8eval.records.schema import (  # noqa: F401 - re-exported
     record_problem,
 )
 
+try:  # the fast decoder; json (below) decides every line it refuses or might read otherwise (_fast)
+    import orjson
+except ImportError:  # pragma: no cover - depends on the install
+    orjson = None
+
 _decode = json.JSONDecoder().decode
 # The C scanner behind json.loads, called directly on a line that starts with "{": no whitespace regex around it.
 # A line it cannot take whole (leading or trailing whitespace, or not JSON) goes through _decode, which says why.
@@ -31,6 +36,40 @@ _WS_BYTES, _WS = b" \t\n\r\x0b\x0c", " \t\n\r\x0b\x0c"
 MAX_PROBLEMS = 200
 # Bytes read at a time: memory does not grow with the file.
 BLOCK = 1 << 20
+# orjson reads an integer literal beyond 64 bits as a float (json: an int); any float this large goes to json.
+_BIG = 9.2e18
+
+
+def _plain(obj: dict) -> bool:
+    """True when orjson's value equals json's for this parse: no float of integer size anywhere in it (orjson
+    refuses NaN, Infinity, 1e400 and lone surrogates outright, so those reach json anyway). Two levels are
+    walked inline (the reader's hot loop), deeper ones by recursion."""
+    for v in obj.values():
+        t = type(v)
+        if t is float:
+            if not -_BIG < v < _BIG:
+                return False
+        elif t is dict or t is list:
+            for x in (v.values() if t is dict else v):
+                t = type(x)
+                if t is float:
+                    if not -_BIG < x < _BIG:
+                        return False
+                elif t is dict:
+                    if not _plain(x):
+                        return False
+                elif t is list and not _plain({0: x}):
+                    return False
+    return True
+
+
+def _fast(text):
+    """orjson's value of one line when it is exactly json's, else None (json then parses the line)."""
+    try:
+        obj = orjson.loads(text)
+    except ValueError:
+        return None
+    return obj if type(obj) is dict and _plain(obj) else None
 
 
 @dataclass
@@ -63,6 +102,7 @@ class FileScan:
         self.problems: list[LineProblem] = []
         self.counts: dict[str, int] = {}
         self.torn: LineProblem | None = None  # an unterminated last line: a write in progress or a killed writer
+        self.hasher = None  # a hashlib object to feed every complete line read (fp8eval.records.index sets one)
 
     def reset(self) -> None:
         """Forget what was read (the next advance reads the file from its start)."""
@@ -104,6 +144,8 @@ class FileScan:
                     continue
                 start = pos_line = self.offset
                 carry = data[cut:]
+                if self.hasher is not None:
+                    self.hasher.update(memoryview(data)[:cut])
                 # An ASCII block (the writer's JSON is ASCII-escaped) is decoded once: characters are bytes.
                 # No copy of the block is made, and each buffer is let go as soon as the next one exists.
                 if data.isascii():
@@ -131,13 +173,15 @@ class FileScan:
         """One line (bytes, or str from an ASCII block) into `emit`, or counted as a problem."""
         obj = None
         if raw[:1] in (b"{", "{"):  # the writer's lines: one JSON object, nothing around it
-            try:
-                text = raw if type(raw) is str else raw.decode("utf-8")
-                obj, end = _scan_once(text, 0)
-                if end != len(text):
+            obj = _fast(raw) if orjson is not None else None
+            if obj is None:
+                try:
+                    text = raw if type(raw) is str else raw.decode("utf-8")
+                    obj, end = _scan_once(text, 0)
+                    if end != len(text):
+                        obj = None
+                except (UnicodeDecodeError, ValueError, StopIteration):
                     obj = None
-            except (UnicodeDecodeError, ValueError, StopIteration):
-                obj = None
         if obj is None:
             text = raw.strip(_WS if type(raw) is str else _WS_BYTES)  # ASCII whitespace, as bytes.strip()
             if not text:
