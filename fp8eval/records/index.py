@@ -5,7 +5,8 @@
 and for every valid record line its selection fields (arm, task, sample_id, repeat, prompt hash, status,
 time) and position (line, byte offset, length). It is used only when the file's first `end` bytes hash to
 the same digest (a truncated, rewritten or replaced file does not: it is read whole again), its own body
-hashes to the digest written after it, and it was made by this index version with the same score range;
+hashes to the digest written after it, and it was made under the same rules (this index version and the
+same code that parses and validates lines: `rules()`) with the same score range;
 anything else, or an index that cannot be read, falls back to the full scan. The lines after `end` (a torn
 tail included) are parsed as always. The records that a selection keeps (the run's winners) are read from
 their lines and validated again, so counting and the kept records are exactly those of a full scan.
@@ -20,14 +21,32 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
 from pathlib import Path
 
 from fp8eval.records.codec import BLOCK, DEFAULT_SCORE_RANGE, FileScan, LineProblem
 
 INDEX_VERSION = 1
+_RULES: list[str] = []  # the digest of the code that classifies lines (see rules()), computed once
 # An index is written after a read that parsed at least this many bytes not covered by the one on disk.
 MIN_NEW_BYTES = 8 << 20
 _FIELDS = ("arm", "task", "sample_id", "repeat", "prompt_hash", "status", "time")
+
+
+def rules() -> str:
+    """This index version and a digest of the modules that parse and validate lines (codec, schema, this one):
+    an index made under other rules (another release, a changed validation) is never trusted."""
+    if not _RULES:
+        from fp8eval.records import codec, schema
+
+        h = hashlib.sha256(str(INDEX_VERSION).encode())
+        try:
+            for mod in (codec, schema, sys.modules[__name__]):
+                h.update(Path(mod.__file__).read_bytes())
+        except (OSError, TypeError, KeyError):
+            h.update(os.urandom(16))  # sources not readable: no index is ever trusted
+        _RULES.append(h.hexdigest()[:20])
+    return _RULES[0]
 
 
 class StaleIndex(Exception):
@@ -145,7 +164,7 @@ class IndexedScan(FileScan):
         except ValueError:
             return None
         rng = list(self.score_range) if self.score_range is not None else None
-        if (type(doc) is not dict or doc.get("version") != INDEX_VERSION or doc.get("score_range") != rng
+        if (type(doc) is not dict or doc.get("rules") != rules() or doc.get("score_range") != rng
                 or type(doc.get("end")) is not int or doc["end"] < 0 or type(doc.get("sha256")) is not str):
             return None
         return doc
@@ -188,7 +207,7 @@ class IndexedScan(FileScan):
                         values.append(x)
                     x = i
                 cols[k].append(x)
-        doc = {"version": INDEX_VERSION, "score_range": list(self.score_range) if self.score_range is not None
+        doc = {"rules": rules(), "score_range": list(self.score_range) if self.score_range is not None
                else None, "end": self.offset, "lines": self.line_no, "sha256": self.hasher.hexdigest(),
                "counts": self.counts, "problems": [[p.line, p.reason, p.detail] for p in self.problems],
                "fields": [*_FIELDS, "line", "pos", "length"], "values": values, "cols": cols}

@@ -163,6 +163,16 @@ def test_tampered_or_foreign_index_is_ignored(tmp_path):
     assert IndexedScan(path, (0.0, 1.0))._read_doc() is None
 
 
+def test_index_of_other_rules_is_ignored(tmp_path, monkeypatch):
+    path = arm(tmp_path)
+    indexed(path)
+    assert IndexedScan(path, (0.0, 1.0))._read_doc() is not None
+    monkeypatch.setattr(index_mod, "_RULES", ["made by other parsing or validation code"])
+    view, scan = indexed(path, save=False)
+    assert scan.indexed_end == 0
+    same(view, full(path))
+
+
 def test_stale_winner_line_raises_and_the_store_reads_whole(tmp_path, monkeypatch):
     path = arm(tmp_path)
     indexed(path)
