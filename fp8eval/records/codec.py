@@ -34,8 +34,10 @@ _scan_once = json.scanner.make_scanner(json.JSONDecoder())
 _WS_BYTES, _WS = b" \t\n\r\x0b\x0c", " \t\n\r\x0b\x0c"
 # Lines set aside are all counted; at most this many per file are kept to be shown (memory stays bounded).
 MAX_PROBLEMS = 200
-# Bytes read at a time: memory does not grow with the file.
-BLOCK = 1 << 20
+# Bytes read at a time: memory does not grow with the file. 64 KB, below glibc's mmap threshold: 1 MB buffers
+# were mapped and unmapped for every block (a 202 MB arm: 148,000 page faults and 0.44 s of system time against
+# 15,000 and 0.10 s; `records check`, 2026-12-03). A line longer than a block is read in steps that grow with it.
+BLOCK = 1 << 16
 # orjson reads an integer literal beyond 64 bits as a float (json: an int); any float this large goes to json.
 _BIG = 9.2e18
 
@@ -133,7 +135,7 @@ class FileScan:
             f.seek(self.offset)
             pos, carry, any_new = self.offset, b"", False
             while pos < size:
-                block = f.read(min(BLOCK, size - pos))
+                block = f.read(min(max(BLOCK, len(carry)), size - pos))
                 if not block:
                     break
                 pos += len(block)
