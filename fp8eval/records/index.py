@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 from fp8eval.records.codec import BLOCK, DEFAULT_SCORE_RANGE, FileScan, LineProblem
+from fp8eval.records.schema import record_problem
 
 INDEX_VERSION = 1
 _RULES: list[str] = []  # the digest of the code that classifies lines (see rules()), computed once
@@ -37,11 +38,10 @@ def rules() -> str:
     """This index version and a digest of the modules that parse and validate lines (codec, schema, this one):
     an index made under other rules (another release, a changed validation) is never trusted."""
     if not _RULES:
-        from fp8eval.records import codec, schema
-
         h = hashlib.sha256(str(INDEX_VERSION).encode())
         try:
-            for mod in (codec, schema, sys.modules[__name__]):
+            for name in (FileScan.__module__, record_problem.__module__, __name__):
+                mod = sys.modules[name]
                 h.update(Path(mod.__file__).read_bytes())
         except (OSError, TypeError, KeyError):
             h.update(os.urandom(16))  # sources not readable: no index is ever trusted
