@@ -44,8 +44,9 @@ _BIG = 9.2e18
 
 def _plain(obj: dict) -> bool:
     """True when orjson's value equals json's for this parse: no float of integer size anywhere in it (orjson
-    refuses NaN, Infinity, 1e400 and lone surrogates outright, so those reach json anyway). Two levels are
-    walked inline (the reader's hot loop), deeper ones by recursion."""
+    refuses NaN, Infinity, 1e400 and lone surrogates outright, so those reach json anyway). Three levels are
+    walked inline (the reader's hot loop: a record's fields, its lists and dicts, and theirs), deeper ones by
+    recursion."""
     for v in obj.values():
         t = type(v)
         if t is float:
@@ -57,11 +58,14 @@ def _plain(obj: dict) -> bool:
                 if t is float:
                     if not -_BIG < x < _BIG:
                         return False
-                elif t is dict:
-                    if not _plain(x):
-                        return False
-                elif t is list and not _plain({0: x}):
-                    return False
+                elif t is dict or t is list:
+                    for y in (x.values() if t is dict else x):
+                        t = type(y)
+                        if t is float:
+                            if not -_BIG < y < _BIG:
+                                return False
+                        elif (t is dict or t is list) and not _plain({0: y}):
+                            return False
     return True
 
 

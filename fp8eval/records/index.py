@@ -198,15 +198,13 @@ class IndexedScan(FileScan):
             return False
         values, cols = list(self._values), [list(c) for c in self._cols]
         pos_of = {v: i for i, v in enumerate(values)}
-        for row in self._rows:
-            for k, x in enumerate(row):
-                if k in (0, 1, 5, 6):  # arm, task, status, time: their position in values
-                    i = pos_of.get(x)
-                    if i is None:
-                        i = pos_of[x] = len(values)
-                        values.append(x)
-                    x = i
-                cols[k].append(x)
+        for k, new in enumerate(zip(*self._rows) if self._rows else ()):
+            if k in (0, 1, 5, 6):  # arm, task, status, time: their position in values
+                for x in set(new) - pos_of.keys():
+                    pos_of[x] = len(values)
+                    values.append(x)
+                new = [pos_of[x] for x in new]
+            cols[k].extend(new)
         doc = {"rules": rules(), "score_range": list(self.score_range) if self.score_range is not None
                else None, "end": self.offset, "lines": self.line_no, "sha256": self.hasher.hexdigest(),
                "counts": self.counts, "problems": [[p.line, p.reason, p.detail] for p in self.problems],

@@ -102,6 +102,10 @@ def test_index_used_and_exact_after_appends(tmp_path, monkeypatch):
     monkeypatch.undo()
     same(view, full(path))
     assert view.ignored["outside_selection"] > 0 and view.ignored["corrupt_line"] == 2
+    assert scan.save(min_new=0)  # the index rewritten over both parts: the next read parses nothing new
+    again, scan = indexed(path, save=False)
+    assert scan.indexed_end == path.stat().st_size
+    same(again, full(path))
 
 
 def test_truncated_file_is_read_whole(tmp_path):
