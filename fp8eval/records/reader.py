@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 from fp8eval.metrics.select import DONE_STATUSES
 from fp8eval.records.codec import DEFAULT_SCORE_RANGE, FileScan, LineProblem
+from fp8eval.records.index import IndexedRecord
 
 __all__ = ["DONE_STATUSES", "ArmRecords", "Selection", "arm_files", "arm_score_range", "read_arm", "read_records",
            "segment_dir", "select_arm"]
@@ -147,7 +148,7 @@ class Selection:
             slot, other = self.err, None
         cur = slot.get(key)
         if cur is None or order > cur[0]:
-            if self.keep:
+            if self.keep and type(rec) is not IndexedRecord:  # an index's stub: its line is read in result()
                 rec = self._compact(rec)
             slot[key] = (order, (path, line, pos, length, rec["status"]), rec if self.keep else None)
         if other is not None:
@@ -170,7 +171,14 @@ class Selection:
         return out
 
     def result(self, scans: Iterable[FileScan] = ()) -> ArmRecords:
-        """The winners in key order, with what was ignored (the scans' set-aside lines included)."""
+        """The winners in key order, with what was ignored (the scans' set-aside lines included); a winner
+        that came from a file's index is read from its line here (fp8eval.records.index.StaleIndex when that
+        line is not the record the index describes)."""
+        if self.keep:
+            for slot in (self.done, self.err):
+                for key, (order, where, rec) in list(slot.items()):
+                    if type(rec) is IndexedRecord:
+                        slot[key] = (order, where, self._compact(rec.scan.load(rec, where)))
         ignored = Counter(self.ignored)
         problems: list[LineProblem] = []
         for scan in scans:
