@@ -7,6 +7,7 @@ scan goes on, so one torn or hand-edited line can never block a run or hide the 
 from __future__ import annotations
 
 import json
+import json.scanner
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,10 @@ from fp8eval.records.schema import (  # noqa: F401 - re-exported
 )
 
 _decode = json.JSONDecoder().decode
+# The C scanner behind json.loads, called directly on a line that starts with "{": no whitespace regex around it.
+# A line it cannot take whole (leading or trailing whitespace, or not JSON) goes through _decode, which says why.
+_scan_once = json.scanner.make_scanner(json.JSONDecoder())
+_WS_BYTES, _WS = b" \t\n\r\x0b\x0c", " \t\n\r\x0b\x0c"
 # Lines set aside are all counted; at most this many per file are kept to be shown (memory stays bounded).
 MAX_PROBLEMS = 200
 # Bytes read at a time: memory does not grow with the file.
@@ -98,28 +103,50 @@ class FileScan:
                     carry = data
                     continue
                 start = pos_line = self.offset
+                carry = data[cut:]
+                # An ASCII block (the writer's JSON is ASCII-escaped) is decoded once: characters are bytes.
+                # No copy of the block is made, and each buffer is let go as soon as the next one exists.
+                if data.isascii():
+                    text = str(memoryview(data)[:cut], "ascii")
+                    block = data = None
+                    lines, text = text.split("\n"), None
+                else:
+                    lines = memoryview(data)[:cut].tobytes().split(b"\n")
+                    block = data = None
+                lines.pop()  # the empty piece after the last newline
                 parse = self._parse
-                for raw in data[:cut].split(b"\n")[:-1]:
+                for raw in lines:
                     self.line_no += 1
                     parse(raw, self.line_no, pos_line, emit)
                     pos_line += len(raw) + 1
+                lines = None
                 self.offset = start + cut
-                carry = data[cut:]
                 any_new = True
             self.torn = (LineProblem(self.path, self.line_no + 1, "torn_tail",
                                      f"{len(carry)} bytes without a newline (a write in progress or a killed writer)")
                          if carry else None)
         return any_new
 
-    def _parse(self, raw: bytes, line: int, pos: int, emit) -> None:
-        text = raw.strip()
-        if not text:
-            return
-        try:
-            obj = _decode(text.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as e:
-            self._problem(line, "corrupt_line", f"not JSON ({e})")
-            return
+    def _parse(self, raw: bytes | str, line: int, pos: int, emit) -> None:
+        """One line (bytes, or str from an ASCII block) into `emit`, or counted as a problem."""
+        obj = None
+        if raw[:1] in (b"{", "{"):  # the writer's lines: one JSON object, nothing around it
+            try:
+                text = raw if type(raw) is str else raw.decode("utf-8")
+                obj, end = _scan_once(text, 0)
+                if end != len(text):
+                    obj = None
+            except (UnicodeDecodeError, ValueError, StopIteration):
+                obj = None
+        if obj is None:
+            text = raw.strip(_WS if type(raw) is str else _WS_BYTES)  # ASCII whitespace, as bytes.strip()
+            if not text:
+                return
+            try:
+                obj = _decode(text if type(text) is str else text.decode("utf-8"))
+            except (UnicodeDecodeError, ValueError) as e:
+                self._problem(line, "corrupt_line", f"not JSON ({e})")
+                return
         why = record_problem(obj, self.score_range)
         if why:
             self._problem(line, "not_a_record", why)
