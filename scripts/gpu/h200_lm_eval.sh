@@ -20,7 +20,7 @@ TASKS="[fp8eval_toy,{task: gsm8k, num_fewshot: 2, dataset_path: json, dataset_na
 timeout 500 "$PY" -m fp8eval model=smollm2-135m engine=vllm kv=fp8 task=lm_eval "task.tasks=$TASKS" \
   task.include_path="$DATA" task.offline=true report=false progress=false records_dir="$WORK/records" \
   hydra.run.dir="$WORK/run" ${VLLM_EXTRA:-} > "$WORK/fp8eval.out" 2> "$WORK/fp8eval.err"
-echo "fp8eval rc=$?"; tail -15 "$WORK/fp8eval.out"
+rc=$?; echo "fp8eval rc=$rc"; tail -15 "$WORK/fp8eval.out"; [ "$rc" != 0 ] && tail -25 "$WORK/fp8eval.err"
 cp "$WORK/run/summary.json" "$OUT/summary.json" 2>/dev/null
 
 MODEL_DIR=$("$PY" -c "
