@@ -151,7 +151,9 @@ echo "wave $WAVE: all jobs done at $(( $(date +%s) - START )) s"
 
 tsv "kvf_" "$K/steps.tsv"
 tsv "nf_" "$NF/steps.tsv"
+set +f  # globbing on for the copy (off above: Hydra list overrides stay literal)
 for d in "$W"/niah/*/; do [ -f "$d/summary.json" ] && mkdir -p "$K/niah_$(basename "$d")" && cp "$d/summary.json" "$K/niah_$(basename "$d")/"; done
+set -f
 {
   echo "== wave $WAVE jobs (name rc seconds note)"; cat "$W/jobs.tsv"
   $PY scripts/gpu/summarize_kvformats.py "$K" "$W/kvf_out" 2>&1 | tail -n 80
