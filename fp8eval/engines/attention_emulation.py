@@ -125,22 +125,24 @@ def _fa3_key_order(n_keys: int, block_n: int, device) -> torch.Tensor:
 _FP8_GRID = {"e4m3": (3, -6), "e5m2": (2, -14)}
 
 
-def _to_fp8_in_place(x: torch.Tensor, fmt: str) -> torch.Tensor:
+def _to_fp8_in_place(x: torch.Tensor, fmt: str, scratch: torch.Tensor | None = None) -> torch.Tensor:
     """x (float32, non-negative, finite, within the format's range: no saturation needed) rounded to FP8 with round
     to nearest even, in place: the bits torch's cast to the FP8 dtype and back gives (checked over every float32 in
     range: tests/test_speed_bits.py), in five elementwise passes instead of a conversion and a table lookup.
 
     For x in [2^e, 2^(e+1)) (e at least the format's smallest normal exponent, which also covers the subnormals) the
     FP8 grid step is 2^(e-m); adding c = 2^(e+23-m) puts x where float32's own step is that, so the float32 add
-    rounds x to the FP8 grid (to nearest even), and subtracting c again is exact."""
+    rounds x to the FP8 grid (to nearest even), and subtracting c again is exact. `scratch`: int32 room for at least
+    x.numel() elements (reused across calls instead of a fresh allocation)."""
     m, emin = _FP8_GRID[fmt]
-    c = x.view(torch.int32).bitwise_and(0x7F800000)  # x's exponent field
+    c = None if scratch is None else scratch[:x.numel()].view(x.shape)
+    c = torch.bitwise_and(x.view(torch.int32), 0x7F800000, out=c)  # x's exponent field
     c.clamp_min_((emin + 127) << 23).add_((23 - m) << 23)
     cf = c.view(torch.float32)
     return x.add_(cf).sub_(cf)
 
 
-def _fa3_rows(s, v, fmt, block_n, accumulation):
+def _fa3_rows(s, v, fmt, block_n, accumulation, scratch=None):
     """FA3's FP8 forward for scores s [.., rows, Lk] (from the FP8-rounded Q, masked, float32, contiguous;
     overwritten). Returns float32 [.., rows, Dv]."""
     lk = s.shape[-1]
@@ -163,7 +165,7 @@ def _fa3_rows(s, v, fmt, block_n, accumulation):
     block_sums = torch.cat([x.sum(-1) for x in (sf, tail) if x is not None], dim=-1)
     row_sum = (block_sums.double() * rescale.double()).sum(-1).float()
     # P to FP8 for the P·V product (scale 1; P <= 256 needs no saturation), then each block's rescale.
-    _to_fp8_in_place(s, fmt)
+    _to_fp8_in_place(s, fmt, scratch)
     if sf is not None:
         sf.mul_(rescale[..., :full].unsqueeze(-1))
     if tail is not None:
@@ -262,6 +264,10 @@ def emulated_attention(query, key, value, attention_mask, scaling: float, *, mod
     out = torch.empty(b, kvh, groups, lq, v.shape[-1], dtype=torch.float32, device=q.device)
     # Exact attention's V with its column of ones, built once; each slice reads the rows of its keys.
     v_ones = _with_ones(v) if mode == "kv_only" and accumulation == "exact" else None
+    # One room for every slice's scores (and FA3's int32 scratch) instead of fresh allocations per slice.
+    room = b * kvh * groups * min(rows, lq) * lk
+    s_room = torch.empty(room, dtype=torch.float32, device=q.device)
+    scratch = torch.empty(room, dtype=torch.int32, device=q.device) if mode == "fa3_fp8" else None
     for r0 in range(0, lq, rows):
         n = min(rows, lq - r0)
         qs = q[:, :, r0:r0 + n].reshape(b, kvh, groups * n, d)
@@ -276,14 +282,15 @@ def emulated_attention(query, key, value, attention_mask, scaling: float, *, mod
             end = int(seen[-1]) + 1 if seen.numel() else lk
             if end < lk:  # keys no row of this slice can see add exp(-inf) = 0: leave them out exactly
                 ks, vs, ms = k[:, :, :end], v[:, :, :end], ms[..., :end]
-        s = torch.matmul(qs, ks.transpose(-1, -2)).mul_(scaling)  # [B, KVH, G*n, keys]
+        s = s_room[:b * kvh * groups * n * end].view(b, kvh, groups * n, end)
+        torch.matmul(qs, ks.transpose(-1, -2), out=s).mul_(scaling)  # [B, KVH, G*n, keys]
         if causal:  # only the last n keys hold masked positions: the rows' diagonal
             s.view(b, kvh, groups, n, end)[..., end - n:].masked_fill_(
                 torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
         else:
             _mask_in_place(s.view(b, kvh, groups, n, end), ms, kvh, groups)
         if mode == "fa3_fp8":
-            o = _fa3_rows(s, vs, fmt, fa3_block_n(d, sliding), accumulation)
+            o = _fa3_rows(s, vs, fmt, fa3_block_n(d, sliding), accumulation, scratch)
         elif mode == "qp_unit_scale":
             o = _unit_scale_rows(s, vs, fmt, accumulation)
         else:
