@@ -34,9 +34,10 @@ def flips(baseline: list[dict], other: list[dict], right_at: float = RIGHT_AT) -
     return out
 
 
-def dissect(runner, door, task, items, arms, fingerprints: dict[str, str], out=print) -> dict:
+def dissect(runner, door, task, items, arms, fingerprints: dict[str, str], out=print, settle=None) -> dict:
     """Teacher-force every flip of every non-baseline arm not yet dissected, each arm opened through the run's
-    `door` (fp8eval.arms); the summary's `anatomy` block ({arm: {flips, computed, reused, errors, unavailable}})."""
+    `door` (fp8eval.arms); the summary's `anatomy` block ({arm: {flips, computed, reused, errors, unavailable}}).
+    `settle()`, if given, is called before an engine is opened (the runner's last engine may still be closing)."""
     by_key = {(it.sample.id, it.repeat): it for it in items}
     base = arms[0]
     summary: dict[str, dict] = {}
@@ -51,6 +52,8 @@ def dissect(runner, door, task, items, arms, fingerprints: dict[str, str], out=p
         summary[arm.name] = info
         if not todo:
             continue
+        if settle is not None:
+            settle()
         with door.engine(arm) as engine:
             if not callable(getattr(engine, "teacher_force", None)):
                 info["unavailable"] = (f"the {getattr(engine, 'kind', '?')} engine cannot teacher-force (reference, "

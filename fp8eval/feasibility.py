@@ -6,7 +6,7 @@ one attention type (gemma3: sliding-window and full layers), groups layers and u
 `new_spec.page_size_bytes == max_page_size`). A skip list keeps some layers in BF16 (twice the bytes of FP8), so
 it can put different page sizes into one attention type.
 
-Two checks, the first authoritative:
+Two checks; a list is feasible only when both say so (the H200 showed each missing a case the other caught):
 
 - **oracle** (whenever a vLLM is importable, FP8EVAL_VLLM_PYTHON or this interpreter): the layers' specs are built
   as vLLM builds them (type, KV heads, head size, cache dtype; the format's packed bytes) and vLLM's own
@@ -18,7 +18,9 @@ Two checks, the first authoritative:
   2. a hybrid model: every page size must divide the largest (block sizes are scaled by the ratio), and the
      full-attention layers must all keep one cache format (a skip list that keeps some full-attention layers in
      BF16 and others not failed); mixing formats among sliding-window layers started.
-  The rule explains the three observations and nothing more; the oracle or a start on the GPU settles a case.
+  3. (H200, 2026-12-03) TurboQuant finds no backend on a model with sliding-window layers; int4_per_token_head on
+     a hybrid model fails at start (pages that cannot be padded), which vLLM's grouping also says.
+  The rule explains these observations and nothing more; a start on the GPU settles a case.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import json
 import subprocess
 from dataclasses import dataclass, field
 
-from fp8eval.core.kvformats import bytes_per_token_layer, effective_skip_layers
+from fp8eval.core.kvformats import TQ_PRESETS, bytes_per_token_layer, effective_skip_layers
 
 
 @dataclass(frozen=True)
@@ -97,8 +99,18 @@ def rule_check(layout: Layout, cache_dtype: str, skip: list) -> Verdict:
     """The rule in the module docstring (no vLLM needed)."""
     pg = pages(layout, cache_dtype, skip)
     show = {t: {str(b): ls for b, ls in d.items()} for t, d in pg.items()}
+    sliding = any(t.startswith("sliding") for t in layout.types)
+    if cache_dtype in TQ_PRESETS and sliding:
+        # not a page-size question: vLLM 0.26.0 picks no backend (TURBOQUANT: "sliding window not supported"; H200)
+        return Verdict(False, "rule", "TurboQuant on a model with sliding-window layers: vLLM 0.26.0 finds no "
+                                      "attention backend (TURBOQUANT: sliding window not supported)", show)
     if not layout.hybrid:
         return Verdict(True, "rule", "one attention type: one KV group, any skip list", show)
+    if cache_dtype == "int4_per_token_head" and any(f == cache_dtype for f in layer_formats(layout, cache_dtype, skip)):
+        # H200, vLLM 0.26.0, gemma3-270m with no skip list: the start fails reshaping the cache, and vLLM's grouping
+        # says why: a page that does not divide the largest cannot be padded on TRITON_ATTN
+        return Verdict(False, "rule", "int4_per_token_head on a hybrid model: vLLM 0.26.0 cannot pad its pages "
+                                      "(TRITON_ATTN does not index KV pages by block stride); the start failed", show)
     sizes = {b for d in pg.values() for b in d}
     top = max(sizes)
     bad = sorted(b for b in sizes if top % b)
@@ -189,16 +201,25 @@ def oracle_check(layout: Layout, cache_dtype: str, skip: list, python: str) -> V
     return oracle_many(layout, [(cache_dtype, skip)], python)[0]
 
 
+def _both(oracle: Verdict | None, rule: Verdict) -> Verdict:
+    """Feasible only if neither says no: vLLM's grouping accepted lists whose start then failed on the H200
+    (gemma3 fp8 [12,13,14,16,17] and [5] fail later, in unify_kv_cache_spec_page_size; TurboQuant at backend
+    selection), and the rule missed one the grouping refused (int4_per_token_head on gemma3)."""
+    if oracle is None:
+        return rule
+    if oracle.feasible and not rule.feasible:
+        return Verdict(False, "rule", rule.reason + " (vLLM's grouping alone accepts it; the start does not)",
+                       rule.pages)
+    return oracle
+
+
 def check_many(layout: Layout, cases: list[tuple[str, list]], python: str | None = None) -> list[Verdict]:
     """check() for many cases with one vLLM start."""
     got = oracle_many(layout, cases, python) if python else [None] * len(cases)
-    return [g if g is not None else rule_check(layout, c, s) for g, (c, s) in zip(got, cases)]
+    return [_both(g, rule_check(layout, c, s)) for g, (c, s) in zip(got, cases)]
 
 
 def check(layout: Layout, cache_dtype: str, skip: list, python: str | None = None) -> Verdict:
-    """The oracle's verdict when `python` (a vLLM interpreter) is given and works, else the rule's."""
-    if python:
-        v = oracle_check(layout, cache_dtype, skip, python)
-        if v is not None:
-            return v
-    return rule_check(layout, cache_dtype, skip)
+    """Feasible when the rule and, where `python` (a vLLM interpreter) works, vLLM's own grouping both say so."""
+    return _both(oracle_check(layout, cache_dtype, skip, python) if python else None,
+                 rule_check(layout, cache_dtype, skip))

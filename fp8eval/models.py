@@ -62,7 +62,7 @@ def local_model_dir(model: ModelConfig, progress: bool = True) -> Path | str:
     if model.embedded_package:
         gguf = embedded_gguf_path(model)
         target = cache_root() / "models" / f"{model.name}-{_quick_file_id(gguf)}"
-        if (target / "config.json").exists() and (target / "model.safetensors").exists():
+        if _complete(target):
             return target
         return _convert_gguf(gguf, target)
     if Path(model.hf_id).expanduser().is_dir():
@@ -103,9 +103,18 @@ def _convert_gguf(gguf: Path, target: Path) -> Path:
     tok.save_pretrained(tmp)
     (tmp / "SOURCE.txt").write_text(f"converted from {gguf}\n", encoding="utf-8")
     target.parent.mkdir(parents=True, exist_ok=True)
+    if _complete(target):
+        # Another process converted the same file meanwhile (parallel jobs on a fresh machine): keep its copy,
+        # which readers may already be loading, instead of deleting it under them.
+        shutil.rmtree(tmp, ignore_errors=True)
+        return target
     shutil.rmtree(target, ignore_errors=True)
     os.replace(tmp, target)
     return target
+
+
+def _complete(target: Path) -> bool:
+    return (target / "config.json").exists() and (target / "model.safetensors").exists()
 
 
 

@@ -37,8 +37,15 @@ from fp8eval.scoring.pool import Scorer, auto_workers
 from fp8eval.stopping import Rounds
 from fp8eval.stopping import check as check_stop
 from fp8eval.tasks import task_class
-from fp8eval.tasks.base import Prompt, Sample, SkipSample, Task, TaskContext
-from fp8eval.token_counts import TokenCountCache
+from fp8eval.tasks.base import Prompt, Sample, SkipSample, Task
+from fp8eval.token_counts import (
+    PromptCounter,
+    counter_for,
+    early_abandoned_on_error,
+    finish_early_plan,
+    plan_task,
+    start_early_plan,
+)
 from fp8eval.validate import check_audit_config, check_samples, check_task_config
 
 
@@ -124,6 +131,7 @@ class Runner:
         all_samples = task.limit_samples(every)  # task.limit, by the task's rule (Task.limit_samples)
         # A shard plans (and counts the tokens of) only its own samples.
         samples = shards.mine(all_samples, shards.parse(self.cfg.shard), key=lambda s: s.id)
+        task.prepare(samples)  # NIAH fits its haystacks here, counting each round's prompts in one batch
         bar = Progress(len(samples), "building prompts", self.cfg.progress and len(samples) > 20)
         for sample in samples:
             shared_prompt = None
@@ -148,27 +156,10 @@ class Runner:
         bar.close()
         return items
 
-    def _token_counter(self, engine):
-        """Prompt tokens under the engine's template, counted once per distinct prompt (a 1M-token MRCR
-        row is tokenised once even though the task and the length budget both ask) and, where the engine
-        names its tokenizer, kept on disk so a rerun plans without loading it."""
-        counts: dict[str, int] = {}
-        key = getattr(engine, "token_count_key", None)
-        disk = TokenCountCache(self.records_root, {"tokenizer": key(), "chat_template_kwargs": dict(
-            self.cfg.model.chat_template_kwargs)}) if key is not None else None
-
-        def count(prompt: Prompt) -> int:
-            h = prompt.hash()
-            if h not in counts:
-                n = disk.get(h) if disk is not None else None
-                if n is None:
-                    n = engine.count_prompt_tokens(self._request("count", prompt, 1, [0]))
-                    if disk is not None:
-                        disk.put(h, n)
-                counts[h] = n
-            return counts[h]
-
-        return count
+    def _token_counter(self, engine) -> PromptCounter:
+        """Prompt tokens under the engine's template (fp8eval.token_counts.PromptCounter), kept on disk where
+        the engine names its tokenizer, so a rerun plans without loading it."""
+        return counter_for(engine, self.records_root, self.cfg, lambda p: self._request("count", p, 1, [0]))
 
     def _request(self, rid: str, prompt: Prompt, n: int, seeds: list[int]) -> Request:
         return Request(id=rid, messages=tuple(prompt.messages), n=n, seeds=tuple(seeds),
@@ -388,10 +379,12 @@ class Runner:
         return len(recs)
 
     # --- the whole run ------------------------------------------------------------------------------------
+    _order = staticmethod(lambda arms: sorted(arms, key=lambda a: {"baseline": 1, controls.ROLE: 2}.get(a.role, 0)))
+
     def _passes(self, arms: list[ArmSpec]):
         """The arms in run order (the variant first), once; with stop=sequential again after each round that
         left a bucket undecided (`Rounds.advance` on both arms' records)."""
-        order = sorted(arms, key=lambda a: {"baseline": 1, controls.ROLE: 2}.get(a.role, 0))  # control last
+        order = self._order(arms)
         while True:
             yield from order
             if self.rounds is None or not self.rounds.advance(self.views[arms[0].name].records,
@@ -407,8 +400,9 @@ class Runner:
         self.clock = EngineClock()
         check_task_config(cfg.task)
         check_audit_config(cfg)
-        arms = self.arms()
-        control_info = controls.preflight(cfg, arms, self.sampling, self.out)  # before any engine starts
+        with self.clock.harness("arms"):  # the kv options composed through Hydra
+            arms = self.arms()
+            control_info = controls.preflight(cfg, arms, self.sampling, self.out)  # before any engine starts
         tcls = task_class(cfg.task.name)
         task_cfg = cfg.task if isinstance(cfg.task, tcls.config_class) else OmegaConf.to_object(cfg.task)
         summaries: dict[str, dict] = {}
@@ -418,20 +412,19 @@ class Runner:
         # per-head scales without a scales file) fails before any baseline work is spent.
         check_stop(cfg.stop, len(arms) >= 2, cfg.shard)
         door = open_engines(cfg)  # the arms share what they can (the reference engine's loaded model)
+        # The last arm's engine closes in the background while the summary is computed (timing reports the
+        # overlap; anatomy waits for it before it opens an engine); not with stop=sequential (last pass unknown).
+        last = None if cfg.stop.name == "sequential" else self._order(arms)[-1].name
         for arm in self._passes(arms):  # each arm once; again per round with stop=sequential
-            name, role = arm.name, arm.role
-            with self.clock.engine("start"):
+            name, role, done = arm.name, arm.role, False
+            early = None if task is not None else start_early_plan(self, tcls, task_cfg, arm, door.kind)
+            with self.clock.engine("start"), early_abandoned_on_error(early):
                 engine = door.open(arm)
             try:
                 with self.clock.engine("start"):
                     backend = check_attention_backend(cfg, engine)  # before any request
-                if task is None:
-                    ctx = TaskContext(count_tokens=self._token_counter(engine), max_model_len=engine.max_model_len(),
-                                      model_name=cfg.model.name, seed=cfg.seed,
-                                      max_tokens=int(self.sampling["max_tokens"]))
-                    task = tcls(task_cfg, ctx)
-                    with self.clock.harness("plan"):  # token counting included
-                        items = self.plan(task, engine)
+                if task is None:  # planned while the engine started if it counts the same, else now
+                    task, items = finish_early_plan(self, early, engine) or plan_task(self, tcls, task_cfg, engine)
                     if cfg.stop.name == "sequential":
                         self.rounds = Rounds(items, cfg.stop, cfg.stats, cfg.seed)
                     notes = task.notes()
@@ -445,9 +438,34 @@ class Runner:
                     summaries[name]["attention_backend"] = backend
                 if hasattr(engine, "startup_warnings"):  # vLLM engines: uncalibrated scales, fallbacks
                     summaries[name]["engine_warnings"] = engine.startup_warnings()
+                done = True
             finally:  # closed before the next arm starts (vLLM frees the GPU)
-                with self.clock.engine("close"):
-                    door.close(engine)
+                if done and name == last:
+                    self.clock.background("close", door.close, engine)
+                else:
+                    with self.clock.engine("close"):
+                        door.close(engine)
+        try:
+            with self.clock.harness("summary"):  # statistics of the pairs, verdicts, the control's comparison
+                summary = self._summary(task, door, items, arms, summaries, notes, control_info)
+        finally:
+            self.clock.settle()
+        if cfg.anatomy and len(arms) >= 2 and cfg.shard is None:  # where each flip's completions part
+            # engine time: it opens the arm again and teacher-forces through it (on the H200 with the 60-sample
+            # NIAH grid, 27 s of vLLM start-up that was once counted as the harness's "summary")
+            with self.clock.engine("anatomy"):
+                summary["anatomy"] = anatomy.dissect(self, door, task, items, arms,
+                                                     {a.name: summaries[a.name]["fingerprint"] for a in arms},
+                                                     self.out, settle=self.clock.settle)
+        summary["wall_s"] = round(time.perf_counter() - t0, 2)
+        summary["timing"] = self.clock.report()
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        # redacted, never NaN/inf; one line on a disk error
+        write_json(self.run_dir / "summary.json", redact_obj(summary))
+        return summary
+
+    def _summary(self, task, door, items, arms: list[ArmSpec], summaries: dict, notes: list[str], control_info):
+        cfg = self.cfg
         summary: dict[str, Any] = {
             "model": cfg.model.name,
             "task": cfg.task.name,
@@ -476,15 +494,7 @@ class Runner:
         if self.rounds is not None:
             summary["sequential"] = self.rounds.summary(self.views[arms[0].name].records,
                                                         self.views[arms[1].name].records)
-        if cfg.anatomy and len(arms) >= 2 and cfg.shard is None:  # where each flip's completions part
-            summary["anatomy"] = anatomy.dissect(self, door, task, items, arms,
-                                                 {a.name: summaries[a.name]["fingerprint"] for a in arms}, self.out)
         if control_info is not None:  # the variant's flips next to the control's, and the excess
             views = [self.views[a.name].records for a in arms]
             summary["control"] = {**control_info, **control_comparison(views[0], views[1], views[2])}
-        summary["wall_s"] = round(time.perf_counter() - t0, 2)
-        summary["timing"] = self.clock.report()
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        # redacted, never NaN/inf; one line on a disk error
-        write_json(self.run_dir / "summary.json", redact_obj(summary))
         return summary

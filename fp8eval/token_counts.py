@@ -16,10 +16,58 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
+from fp8eval.core.types import Prompt, Request
+from fp8eval.engines.base import EngineError
 from fp8eval.records import canonical_json, fingerprint_hash
 from fp8eval.records.store import io_error
+
+
+class PromptCounter:
+    """Prompt tokens under the engine's template, counted once per distinct prompt (a 1M-token MRCR row is
+    tokenised once even though the task and the length budget both ask) and, with `disk`, kept between runs.
+    `many()` sends the prompts not known yet to the engine together: `count_prompt_tokens_many` where the
+    engine has it (vLLM tokenizes a batch in parallel), one `count_prompt_tokens` each otherwise."""
+
+    def __init__(self, engine, request_of: Callable[[Prompt], Request], disk: "TokenCountCache | None"):
+        self.engine, self.request_of, self.disk = engine, request_of, disk
+        self.counts: dict[str, int] = {}
+        self.engine_calls = 0  # engine round trips (a batch is one), for summary.json's timing
+
+    def __call__(self, prompt: Prompt) -> int:
+        return self.many([prompt])[0]
+
+    def many(self, prompts: list[Prompt]) -> list[int]:
+        """The token counts of `prompts`, in order."""
+        hashes = [p.hash() for p in prompts]
+        todo: dict[str, Prompt] = {}
+        for h, p in zip(hashes, prompts):
+            if h in self.counts or h in todo:
+                continue
+            n = self.disk.get(h) if self.disk is not None else None
+            if n is None:
+                todo[h] = p
+            else:
+                self.counts[h] = n
+        if todo:
+            requests = [self.request_of(p) for p in todo.values()]
+            batch = getattr(self.engine, "count_prompt_tokens_many", None)
+            if batch is not None and len(requests) > 1:
+                got = [int(n) for n in batch(requests)]
+                self.engine_calls += 1
+                if len(got) != len(requests):
+                    raise EngineError(f"the engine counted the tokens of {len(got)} of the {len(requests)} prompts it was sent")
+            else:
+                got = [int(self.engine.count_prompt_tokens(r)) for r in requests]
+                self.engine_calls += len(requests)
+            for h, n in zip(todo, got):
+                self.counts[h] = n
+                if self.disk is not None:
+                    self.disk.put(h, n)
+        return [self.counts[h] for h in hashes]
 
 
 class TokenCountCache:
@@ -71,3 +119,112 @@ class TokenCountCache:
         except OSError as e:
             raise io_error(e, "write token counts to", Path(e.filename or self.path)) from None
 
+
+
+class EarlyPlan:
+    """Plans the run in a thread while the first arm's engine starts, counting through a tokenizer-only worker
+    (`fp8eval.engines.start_early_counter`). `make(counter, max_model_len)` builds the task and plans it,
+    returning (task, items); `finish(engine)` returns them only if the started engine counts exactly as the
+    worker did (same max_model_len, same tokenizer fingerprint), else None and the runner plans with the engine.
+    The time the thread spends while the engine starts is reported as overlapped (fp8eval.core.timing)."""
+
+    def __init__(self, helper, make: Callable, ready_timeout_s: float = 600.0):
+        import threading
+
+        self.helper, self.result, self.error = helper, None, None
+
+        def body() -> None:
+            try:
+                helper.wait_ready(ready_timeout_s)
+                self.result = make(helper.max_model_len())
+            except BaseException as e:  # noqa: BLE001 - planned again with the engine, which says it properly
+                self.error = e
+
+        self.thread = threading.Thread(target=body, name="early-plan", daemon=True)
+        self.thread.start()
+
+    def finish(self, engine, wait_s: float = 120.0):
+        """(task, items) planned through the worker, if `engine` counts the same; None otherwise. Closes the worker."""
+        try:
+            self.thread.join(wait_s)  # long done on a GPU (planning takes seconds, the start a minute)
+            if self.thread.is_alive() or self.result is None or not self.helper.same_counts_as(engine):
+                return None
+            return self.result
+        except Exception:  # noqa: BLE001 - a fingerprint the engine cannot give: plan with it instead
+            return None
+        finally:
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Stop the worker, in the background (a Python process takes seconds to exit; it holds no GPU, and one
+        still running at exit is stopped then). A plan thread still counting gets an error and stops."""
+        import threading
+
+        threading.Thread(target=self.helper.close, name="early-plan-close", daemon=True).start()
+
+
+def counter_for(engine, records_root: Path, cfg, request_of: Callable[[Prompt], Request]) -> PromptCounter:
+    """The run's PromptCounter for `engine`: kept on disk where the engine names its tokenizer."""
+    key = getattr(engine, "token_count_key", None)
+    disk = TokenCountCache(records_root, {"tokenizer": key(), "chat_template_kwargs": dict(
+        cfg.model.chat_template_kwargs)}) if key is not None else None
+    return PromptCounter(engine, request_of, disk)
+
+
+def plan_task(runner, tcls, task_cfg, engine, max_model_len: int | None = None):
+    """The task built for `engine`'s tokenizer and max_model_len, and its plan (harness part "plan")."""
+    from fp8eval.tasks.base import TaskContext
+
+    counter = runner._token_counter(engine)
+    ctx = TaskContext(count_tokens=counter, count_many=counter.many, model_name=runner.cfg.model.name,
+                      max_model_len=engine.max_model_len() if max_model_len is None else max_model_len,
+                      seed=runner.cfg.seed, max_tokens=int(runner.sampling["max_tokens"]))
+    task = tcls(task_cfg, ctx)
+    with runner.clock.harness("plan"):  # token counting included
+        return task, runner.plan(task, engine)
+
+
+def start_early_plan(runner, tcls, task_cfg, arm, kind: str | None) -> EarlyPlan | None:
+    """Plan in a thread through a tokenizer-only worker while the arm's engine starts, where the engine kind
+    has one (fp8eval.engines.start_early_counter); None otherwise."""
+    from fp8eval.engines import arm_config, start_early_counter
+
+    if (kind or runner.cfg.engine.kind) == "vllm":
+        # The arm's model made loadable first (an embedded GGUF converted once, on a fresh machine): work of the
+        # engine's start-up, which it would otherwise do itself, so engine time; the worker's start is not.
+        with runner.clock.engine("start"):
+            try:
+                from fp8eval.engines.vllm.args import vllm_engine_args
+
+                vllm_engine_args(arm_config(runner.cfg, arm), arm)
+            except Exception:  # noqa: BLE001 - the engine's own start says what is wrong
+                return None
+    with runner.clock.harness("plan_early_start"):
+        helper = start_early_counter(runner.cfg, arm, kind)
+    if helper is None:
+        return None
+    return EarlyPlan(helper, lambda max_model_len: plan_task(runner, tcls, task_cfg, helper, max_model_len))
+
+
+def finish_early_plan(runner, early: EarlyPlan | None, engine):
+    """(task, items) from `early` if the started engine counts the same, its counter switched to the engine."""
+    if early is None:
+        return None
+    with runner.clock.harness("plan_check"):
+        got = early.finish(engine)
+    if got is None:
+        return None
+    task, items = got
+    task.ctx.count_tokens.engine = engine  # later counts (none for most tasks) by the engine itself
+    return task, items
+
+
+@contextmanager
+def early_abandoned_on_error(early: EarlyPlan | None):
+    """Stop the early plan's worker if the engine fails to start."""
+    try:
+        yield
+    except BaseException:
+        if early is not None:
+            early.abandon()
+        raise

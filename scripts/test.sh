@@ -3,7 +3,10 @@
 # included. Extra arguments go to pytest, e.g. `bash scripts/test.sh -m "not slow"` for the fast ones.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/install.sh
+# .ci/run installs first and sets FP8EVAL_TEST_INSTALLED=1 before it calls this twice.
+if [[ "${FP8EVAL_TEST_INSTALLED:-0}" != 1 ]]; then
+  bash scripts/install.sh
+fi
 # The linter first (pyflakes, import order, pycodestyle errors; config in pyproject.toml): seconds.
 .venv/bin/ruff check fp8eval tests benchmarks scripts
 exec .venv/bin/python -m pytest -q -ra --durations=15 "$@"

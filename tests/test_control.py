@@ -155,6 +155,9 @@ def test_fake_run_control_arm_flips_excess_anatomy_and_report(tmp_path):
         assert a["flips"] == a["computed"] >= 1 and a["errors"] == 0
         rows = [json.loads(x) for x in Path(a["store"]).read_text().splitlines()]
         assert len(rows) == a["flips"] and all(r["part_position"] == 0 and r["rank"] >= 2 for r in rows)
+    # teacher-forcing reopens the arms: engine time, not the harness's summary part
+    assert s["timing"]["engine_parts"]["anatomy"] > 0
+    assert s["timing"]["harness_parts"]["summary"] < s["timing"]["engine_parts"]["anatomy"] + 1.0
     text = format_table(s)
     assert "bf16-noise" in text and "excess flip rate of fp8 over the control" in text
     # a rerun sends nothing and dissects nothing again

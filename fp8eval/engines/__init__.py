@@ -71,6 +71,19 @@ def build_engine(cfg: RunConfig, arm: ArmSpec, shared: dict | None = None, kind:
     return getattr(importlib.import_module(module), cls)(arm_config(cfg, arm), arm, shared)
 
 
+def start_early_counter(cfg: RunConfig, arm: ArmSpec, kind: str | None = None):
+    """A tokenizer-only worker for the arm's engine, started now so that planning can count prompt tokens while
+    the engine starts (fp8eval.engines.vllm.early), where the engine has one (`vllm`, named explicitly); else,
+    or if it cannot start, None (planning then waits for the engine, as before)."""
+    if (kind or cfg.engine.kind) != "vllm":
+        return None
+    try:  # imported by name, as the engines are (ENGINES)
+        worker = importlib.import_module("fp8eval.engines.vllm.early").TokenizerWorker
+        return worker(arm_config(cfg, arm), arm, None)
+    except Exception:  # noqa: BLE001 - an optimisation only: the engine counts instead
+        return None
+
+
 def arm_config(cfg: RunConfig, arm: ArmSpec) -> RunConfig:
     """The run config an arm's engine is built with: the arm's own engine-group fields over the run's (a
     control arm's `prefill_chunk` or `concurrency`; fp8eval.control); the run's config itself otherwise."""

@@ -25,7 +25,6 @@ from fp8eval.config import RunConfig
 from fp8eval.engines import attention, vllm_scoring
 from fp8eval.engines.audit import live as knob_live
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
-from fp8eval.engines.prompting import check_template_kwargs, plain_prompt_text
 from fp8eval.engines.spec import ArmSpec
 from fp8eval.engines.vllm import args as vargs
 from fp8eval.engines.vllm import child as vchild
@@ -202,6 +201,15 @@ class VLLMOfflineEngine:
             raise EngineError(f"vLLM could not tokenize request {request.id}: {reply.get('message')}")
         return int(reply["n"])
 
+    def tokenizer_fingerprint(self) -> str | None:
+        """What this worker's prompt token counts depend on (fp8eval.engines.vllm.early), None if unknown."""
+        return self._ask({"op": "fingerprint"}, "fingerprint its tokenizer")["fingerprint"]
+
+    def count_prompt_tokens_many(self, requests: list[Request]) -> list[int]:
+        """count_prompt_tokens of each request, tokenized in one batch by the worker (in parallel)."""
+        reply = self._ask({"op": "count_many", "requests": [_request_json(r) for r in requests]}, "tokenize prompts")
+        return [int(n) for n in reply["n"]]
+
     def prompt_logprobs(self, ids: list[int], k: int) -> tuple[list[list[int]], list[list[float]]]:
         """Prefill only: the top-k (token id, log-prob) of the next-token distribution after each of
         positions 0..len(ids)-2 (vLLM's `prompt_logprobs`), for `python -m fp8eval.divergence`."""
@@ -316,27 +324,7 @@ class _Worker:
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
 
     def prompt_ids(self, req: dict) -> list[int]:
-        tok = self.tokenizer
-        if req.get("prompt_text") is not None:
-            return list(tok.encode(req["prompt_text"]))
-        # Render the template to text, then tokenize without adding special tokens again: what vLLM's
-        # own chat entry points do, so a BOS in the template is not doubled.
-        kwargs = req.get("chat_template_kwargs") or {}
-        self.checked = getattr(self, "checked", set())
-        key = json.dumps(kwargs, sort_keys=True)
-        if kwargs and key not in self.checked and not self.dummy:  # a dummy run's stand-in tokenizer: not the model's
-            check_template_kwargs(tok, kwargs, render=lambda kw: tok.apply_chat_template(
-                [{"role": "user", "content": "2+2?"}], tokenize=False, add_generation_prompt=True, **kw))
-            self.checked.add(key)
-        try:
-            text = tok.apply_chat_template(req["messages"], tokenize=False, add_generation_prompt=True, **kwargs)
-        except ValueError as e:
-            if "chat_template" not in str(e) and "chat template" not in str(e):
-                raise
-            # A tokenizer without a template (the model config claims one): plain text, as every engine
-            # sends it (engines/prompting.py).
-            return list(tok.encode(plain_prompt_text(req["messages"])))
-        return list(tok.encode(text, add_special_tokens=False))
+        return prompt_ops.prompt_ids(self, req)
 
     def sampling_params(self, req: dict, prompt_len: int):
         from vllm import SamplingParams
@@ -458,9 +446,14 @@ def _worker_main() -> int:
     spec = json.loads(stdin.readline())
     try:
         vchild.check_env_known(spec.get("env") or {})
-        worker.start(spec["engine_args"])
-        worker.send({"op": "ready", "preflight": worker.preflight(spec["engine_args"]),
-                     "knob_readback": knob_live.worker_readback(worker.llm)})
+        if "--tokenizer-only" in sys.argv:  # engines/vllm/early.py: counts while vLLM starts
+            worker.tokenizer = prompt_ops.load_tokenizer(spec["engine_args"])
+            worker.dummy = spec["engine_args"].get("load_format") == "dummy"
+            worker.send({"op": "ready", "fingerprint": prompt_ops.tokenizer_fingerprint(worker.tokenizer)})
+        else:
+            worker.start(spec["engine_args"])
+            worker.send({"op": "ready", "preflight": worker.preflight(spec["engine_args"]),
+                         "knob_readback": knob_live.worker_readback(worker.llm)})
     except BaseException as e:  # noqa: BLE001 - reported to the parent, which raises EngineError
         traceback.print_exc()
         worker.send({"op": "error", "type": type(e).__name__, "message": str(e)[:2000]})
@@ -472,6 +465,10 @@ def _worker_main() -> int:
         try:
             if op == "count":
                 worker.send({"op": "count", "n": len(worker.prompt_ids(msg["request"]))})
+            elif op == "count_many":
+                worker.send({"op": "counts", "n": prompt_ops.count_many(worker, msg["requests"])})
+            elif op == "fingerprint":
+                worker.send({"op": "fingerprint", "fingerprint": prompt_ops.tokenizer_fingerprint(worker.tokenizer)})
             elif op == "prompt_logprobs" and "batch" in msg:  # several prompts in one vLLM call
                 worker.send({"op": "batch", "rows": prompt_ops.prompt_logprobs(worker.llm, msg["batch"], int(msg["k"]))})
             elif op == "prompt_logprobs":

@@ -31,10 +31,14 @@ from typing import Any, NamedTuple
 
 from fp8eval.metrics.select import DONE_STATUSES
 from fp8eval.records.codec import DEFAULT_SCORE_RANGE, FileScan, LineProblem
+from fp8eval.records.index import IndexedRecord
 
 __all__ = ["DONE_STATUSES", "ArmRecords", "Selection", "arm_files", "arm_score_range", "read_arm", "read_records",
            "segment_dir", "select_arm"]
 Key = tuple[str, int]
+# Fields whose values repeat across an arm's records: kept records share one object per distinct value.
+_SHARED_FIELDS = frozenset(("schema", "arm", "task", "kv", "task_version", "status", "finish_reason", "time", "groups",
+                            "extracted", "skip_reason"))
 
 
 class ArmRecords(NamedTuple):
@@ -114,6 +118,7 @@ class Selection:
         self.n_candidates = 0
         self.done: dict[Key, tuple] = {}
         self.err: dict[Key, tuple] = {}
+        self._shared: dict = {}  # value -> the one object kept records share (_compact)
 
     def add(self, rank: tuple[int, str], path: Path, line: int, rec: dict, pos: int = 0, length: int = 0) -> None:
         """One valid record line of file `path` (ranked by _file_rank)."""
@@ -143,14 +148,37 @@ class Selection:
             slot, other = self.err, None
         cur = slot.get(key)
         if cur is None or order > cur[0]:
-            if self.keep and self.drop:
-                rec = {k: v for k, v in rec.items() if k not in self.drop}
+            if self.keep and type(rec) is not IndexedRecord:  # an index's stub: its line is read in result()
+                rec = self._compact(rec)
             slot[key] = (order, (path, line, pos, length, rec["status"]), rec if self.keep else None)
         if other is not None:
             other.pop(key, None)
 
+    def _compact(self, rec: dict) -> dict:
+        """A kept record without the `drop` fields, its values that repeat across records (arm, task, status,
+        groups, ...) shared with the records kept before it: a large arm's records take a fraction of the memory."""
+        shared = self._shared
+        out = {}
+        for k, v in rec.items():
+            if k in self.drop:
+                continue
+            if k in _SHARED_FIELDS:
+                if type(v) is str:
+                    v = shared.setdefault(v, v)
+                elif type(v) is list:  # groups: one list object per distinct value (never modified in place)
+                    v = shared.setdefault(("list", *v), v)
+            out[k] = v
+        return out
+
     def result(self, scans: Iterable[FileScan] = ()) -> ArmRecords:
-        """The winners in key order, with what was ignored (the scans' set-aside lines included)."""
+        """The winners in key order, with what was ignored (the scans' set-aside lines included); a winner
+        that came from a file's index is read from its line here (fp8eval.records.index.StaleIndex when that
+        line is not the record the index describes)."""
+        if self.keep:
+            for slot in (self.done, self.err):
+                for key, (order, where, rec) in list(slot.items()):
+                    if type(rec) is IndexedRecord:
+                        slot[key] = (order, where, self._compact(rec.scan.load(rec, where)))
         ignored = Counter(self.ignored)
         problems: list[LineProblem] = []
         for scan in scans:

@@ -43,7 +43,8 @@ from pathlib import Path
 
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.records.claims import Claims, claim_name
-from fp8eval.records.codec import DEFAULT_SCORE_RANGE, FileScan, canonical_json
+from fp8eval.records.codec import DEFAULT_SCORE_RANGE, canonical_json
+from fp8eval.records.index import IndexedScan, StaleIndex
 from fp8eval.records.reader import ArmRecords, Key, Selection, arm_files, feed, segment_dir
 from fp8eval.records.schema import check_record
 
@@ -239,13 +240,21 @@ class ArmStore:
                     os.close(fd)
         if self._view is None or self._view[0] is not expected:
             self._view = (expected, {}, Selection(self.fingerprint, self.task, expected))
+        use_index = True
         while True:
             _, scans, sel = self._view
             for p in arm_files(self.path):
                 if p not in scans:
-                    scans[p] = FileScan(p, self.score_range)
+                    scans[p] = IndexedScan(p, self.score_range, use_index)
             if feed(self.path, list(scans.values()), sel):
-                return sel.result(scans.values())
+                try:
+                    view = sel.result(scans.values())
+                except StaleIndex:  # a file changed under its index: read every file whole
+                    use_index = False
+                else:
+                    for scan in scans.values():
+                        scan.save()
+                    return view
             self._view = (expected, {}, Selection(self.fingerprint, self.task, expected))
 
     def records(self) -> list[dict]:

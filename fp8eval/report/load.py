@@ -21,7 +21,7 @@ class ReportInputError(RuntimeError):
     """An input cannot be read as a run directory; the message says which file and why."""
 
 
-@dataclass
+@dataclass(slots=True)
 class Record:
     data: dict
     line: int  # 1-based line in the records file, for flip-list references
@@ -176,7 +176,9 @@ def _load_arm(model: str, task: str, kv: str, fp: str, path: Path, arm_summary: 
     from fp8eval.records.anatomy import store_path
 
     dissected = store_path(Path(path).parents[1], task, fp).parent.is_dir()
-    drop = ("reasoning", "score_details", "sampling", "skip_reason") + (() if dissected else ("completion",))
+    # Nor the fields it never reads (what made the record and when: arm, schema, seed, time, latency_s).
+    drop = ("reasoning", "score_details", "sampling", "skip_reason", "arm", "schema", "seed", "time", "latency_s") + (
+        () if dissected else ("completion",))
     view = read_arm(path, fp if len(fp) == 64 else None, task, drop=drop)
     records = [Record(rec, where[1]) for rec, where in zip(view.records, view.where)]
     return Arm(model, task, kv, fp, path, records, arm_summary, [run_dir], kv, sum(view.ignored.values()))

@@ -25,6 +25,9 @@ class TaskContext:
     seed: int
     # The effective output budget of every request (prompt + this must fit); None outside the runner.
     max_tokens: int | None = None
+    # count_tokens of several prompts at once (the engine may tokenize them in one batch, in parallel); the
+    # same numbers as count_tokens one by one. None outside the runner: Task.prepare then does nothing.
+    count_many: Callable[[list[Prompt]], list[int]] | None = None
 
 
 class SkipSample(Exception):
@@ -74,6 +77,12 @@ class Task:
         Override for another rule (MRCR: the first `limit` of each (needles, bucket) cell)."""
         limit = getattr(self.cfg, "limit", None)
         return list(samples)[:limit] if limit else list(samples)
+
+    def prepare(self, samples: Sequence[Sample]) -> None:
+        """Called by the runner before it asks `prompt()` for `samples`: a task whose prompts need many token
+        counts (NIAH fits each haystack to a length) may count them here in batches with `ctx.count_many`
+        and keep the prompts; `prompt()` must then return exactly what it would have built alone. Default:
+        nothing."""
 
     def quick_score(self, sample: Sample, completion: str, repeat: int = 0) -> Score | None:
         """score() when it is cheap to know, else None. With parallel_scoring, answers that get None here

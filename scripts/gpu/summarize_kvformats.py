@@ -109,12 +109,27 @@ def main(argv: list[str]) -> int:
                           f"{(c['oracle_reason'] or '')[:90]} |")
         lines += ["", f"vLLM {facts.get('vllm_version')}: skip lists, the rule vs vLLM's own grouping (oracle)", "",
                   "| model | format | skip | rule | oracle | oracle says |", "|---|---|---|---|---|---|", *fl]
-    for acc in ("fa3_unfixed", "exact"):
-        s = _load(work / f"niah_{acc}" / "summary.json")
+    # NIAH with each accumulation: niah_<mode>/ (one run) or niah_<mode>_short/ + niah_<mode>_32k/ (the parallel
+    # session's split by length); scores per group (length, depth) merged per mode.
+    niah: dict = {}
+    for d in sorted(work.glob("niah_*")):
+        s = _load(d / "summary.json")
         arm = next(iter((s or {}).get("arms", {}).values()), {}) if s else {}
-        summary.setdefault("niah_32k", {})[acc] = arm.get("score") if arm else None
-    lines += ["", "NIAH at 32k, gemma3-270m, reference engine, kv=fp8 fa3_fp8: " + ", ".join(
-        f"{k} {v if v is not None else 'not run'}" for k, v in summary["niah_32k"].items())]
+        mode = d.name[len("niah_"):]
+        for suffix in ("_short", "_32k"):
+            mode = mode[:-len(suffix)] if mode.endswith(suffix) else mode
+        m = niah.setdefault(mode, {"by_group": {}, "n_samples": 0, "parts": {}})
+        m["parts"][d.name] = "ok" if arm else "no summary (not finished)"
+        m["by_group"].update(arm.get("by_group") or {})
+        m["n_samples"] += int(arm.get("n_samples") or 0)
+    summary["niah_accumulation"] = niah
+    lines += ["", "NIAH, gemma3-270m, reference engine on the GPU (kv=fp8 kv.attention=fa3_fp8 unless bf16): "
+              "accuracy per group"]
+    for mode, m in niah.items():
+        groups = ", ".join(f"{g} {v:.2f}" for g, v in sorted(m["by_group"].items()) if isinstance(v, (int, float)))
+        missing = [k for k, v in m["parts"].items() if v != "ok"]
+        lines.append(f"- {mode} ({m['n_samples']} samples): {groups or 'not run'}"
+                     + (f"; not finished: {', '.join(missing)}" if missing else ""))
     for model, pk in (summary.get("picks") or {}).items():
         lines += ["", f"pick ({model}, max_kl 0.02): {pk['pick']} -- `{pk['serve']}`"]
     md = "\n".join(lines) + "\n"

@@ -71,14 +71,35 @@ def table(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def merge(new: dict, old: dict) -> dict:
+    """Two sessions' models.json as one: the new run's start of a (model, arm) replaces the old one's; the old
+    run's other starts stay, listed under `from_previous`; corpus and headline from the new run unless it has
+    none (skipped or no result)."""
+    key = lambda s: (s.get("model"), s.get("kv"))  # noqa: E731
+    fresh = {key(s) for s in new.get("starts", [])}
+    kept = [s for s in old.get("starts", []) if key(s) not in fresh]
+    out = {"starts": new.get("starts", []) + kept, "from_previous": sorted(f"{m}/{k}" for m, k in map(key, kept))}
+    for part in ("corpus", "headline"):
+        n = new.get(part) or {}
+        out[part] = old.get(part) if (not n or "error" in n or n.get("skipped")) and old.get(part) else n
+    return out
+
+
 def main() -> int:
-    """CLI: summarize_models.py models.json > table.md"""
-    if len(sys.argv) != 2:
-        print("usage: summarize_models.py models.json", file=sys.stderr)
+    """CLI: summarize_models.py models.json [--over PREVIOUS_models.json] > table.md"""
+    args = sys.argv[1:]
+    if len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--over"):
+        print("usage: summarize_models.py models.json [--over PREVIOUS_models.json]", file=sys.stderr)
         return 2
-    print(table(json.loads(Path(sys.argv[1]).read_text())), end="")
+    data = json.loads(Path(args[0]).read_text())
+    if len(args) == 3:
+        data = merge(data, json.loads(Path(args[2]).read_text()))
+    text = table(data)
+    if data.get("from_previous"):
+        text += f"- from the previous run (not started again): {', '.join(data['from_previous'])}\n"
+    print(text, end="")
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

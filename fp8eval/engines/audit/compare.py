@@ -27,6 +27,7 @@ _STORES = {"auto": None, "bfloat16": "bfloat16", "bf16": "bfloat16", "float16": 
            "fp8": "float8_e4m3fn", "fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
 # Backends that apply one scale per KV head (vLLM docs: features/quantization/quantized_kvcache.md).
 PER_HEAD_BACKENDS = ("FLASH_ATTN",)
+_UNQUANTIZED = ("auto", "bfloat16", "bf16", "float16", "half", "float32", "float")
 _REL_TOL = 1e-3
 
 
@@ -61,12 +62,20 @@ class Request:
         """Whether the arm asks for an FP8 cache."""
         return self.kv_cache_dtype.startswith("fp8")
 
+    @property
+    def quantized(self) -> bool:
+        """Whether the arm asks for any cache format other than the model's dtype (FP8, the per-token-head INT8 /
+        INT4 formats, TurboQuant, NVFP4): its layers must report that format unless skipped."""
+        return self.kv_cache_dtype not in _UNQUANTIZED
+
 
 def expected_store(request: Request, row: dict) -> str:
     """The torch dtype (without `torch.`) this layer's cache must hold under `request`."""
-    if request.fp8 and not _skipped(request, row):
+    # A non-FP8 format (int8_per_token_head, turboquant_*, ...) is reported by its kv_cache_dtype name: before
+    # 2026-12-03 it was expected as the model dtype, which refused vLLM's own int8/int4 arms on the H200.
+    if request.quantized and not _skipped(request, row):
         return _STORES.get(request.kv_cache_dtype, request.kv_cache_dtype)
-    if request.fp8:
+    if request.quantized:
         return request.model_dtype
     return _STORES.get(request.kv_cache_dtype) or request.model_dtype
 
@@ -148,7 +157,7 @@ def problems(request: Request, readback: dict) -> list[dict]:
 
 
 def _skip_problems(request: Request, rows: list[dict]) -> list[dict]:
-    if not request.fp8:
+    if not request.quantized:
         return []
     out = []
     indices = {r["index"]: r for r in rows if r.get("index") is not None}

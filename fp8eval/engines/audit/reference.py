@@ -13,6 +13,7 @@ import json
 import re
 from pathlib import Path
 
+from fp8eval.core.kvformats import REFERENCE_EMULATED as EMULATED
 from fp8eval.engines.audit.compare import Request
 
 # vLLM's cache-scale name mapping (QuantizationConfig.get_cache_scale_mapper, vLLM 0.26-0.32): checkpoint names it
@@ -115,8 +116,10 @@ def readback(policy, model_dir: str | Path, backend: str) -> dict:
         idx = layer["index"]
         skipped = str(idx) in policy.skip_layers or ("sliding_window" in policy.skip_layers and layer["sliding_window"])
         fp8 = policy.fmt is not None and not skipped
+        # the other emulated formats (per-token-head INT8/INT4, TurboQuant, NVFP4) by name, as vLLM reports them
+        emulated = policy.cache_dtype in EMULATED and not skipped
         model_dtype = str(policy.model_dtype).removeprefix("torch.")
-        row = dict(layer, kv_cache_dtype=policy.cache_dtype if fp8 else "auto",
+        row = dict(layer, kv_cache_dtype=policy.cache_dtype if fp8 or emulated else "auto",
                    torch_dtype=_TYPES.get(policy.cache_dtype, model_dtype) if fp8 else model_dtype, backend=backend)
         for key, table in (("k_scale", policy.k_scales), ("v_scale", policy.v_scales)):
             value = table.get(idx, 1.0)

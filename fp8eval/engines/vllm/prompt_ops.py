@@ -1,8 +1,105 @@
-"""Prefill-only operations of the vLLM worker (run in the vLLM Python): top-k prompt log-probs of several
-prompts in one batch (`python -m fp8eval.divergence`), and teacher forcing of a continuation (the anatomy of
-a flip: the log-probability and rank of each forced token under this arm)."""
+"""Prompt operations of the vLLM worker (run in the vLLM Python): a request's prompt token ids (one, or the
+counts of many tokenized in one batch), top-k prompt log-probs of several prompts in one batch
+(`python -m fp8eval.divergence`), and teacher forcing of a continuation (the anatomy of a flip: the
+log-probability and rank of each forced token under this arm)."""
 
 from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from fp8eval.engines.prompting import check_template_kwargs, plain_prompt_text
+
+
+def prompt_text(worker, req: dict) -> tuple[str, bool]:
+    """The text the worker tokenizes for `req` and whether the tokenizer adds its special tokens."""
+    tok = worker.tokenizer
+    if req.get("prompt_text") is not None:
+        return req["prompt_text"], True
+    # Render the template to text, then tokenize without adding special tokens again: what vLLM's
+    # own chat entry points do, so a BOS in the template is not doubled.
+    kwargs = req.get("chat_template_kwargs") or {}
+    worker.checked = getattr(worker, "checked", set())
+    key = json.dumps(kwargs, sort_keys=True)
+    if kwargs and key not in worker.checked and not worker.dummy:  # a dummy run's stand-in tokenizer: not the model's
+        check_template_kwargs(tok, kwargs, render=lambda kw: tok.apply_chat_template(
+            [{"role": "user", "content": "2+2?"}], tokenize=False, add_generation_prompt=True, **kw))
+        worker.checked.add(key)
+    try:
+        return tok.apply_chat_template(req["messages"], tokenize=False, add_generation_prompt=True, **kwargs), False
+    except ValueError as e:
+        if "chat_template" not in str(e) and "chat template" not in str(e):
+            raise
+        # A tokenizer without a template (the model config claims one): plain text, as every engine
+        # sends it (engines/prompting.py).
+        return plain_prompt_text(req["messages"]), True
+
+
+def load_tokenizer(engine_args: dict[str, Any]):
+    """The tokenizer vLLM would load for `engine_args` (its `tokenizer`, else `model`)."""
+    name = engine_args.get("tokenizer") or engine_args["model"]
+    kwargs = {"trust_remote_code": bool(engine_args.get("trust_remote_code", False)),
+              "revision": engine_args.get("tokenizer_revision") or engine_args.get("revision")}
+    get_tokenizer = None
+    for module in ("vllm.tokenizers", "vllm.transformers_utils.tokenizer"):
+        try:
+            get_tokenizer = getattr(__import__(module, fromlist=["get_tokenizer"]), "get_tokenizer")
+            break
+        except (ImportError, AttributeError):
+            continue
+    if get_tokenizer is not None:
+        return get_tokenizer(name, tokenizer_mode=engine_args.get("tokenizer_mode", "auto"), **kwargs)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(name, **kwargs)
+
+
+def tokenizer_fingerprint(tok) -> str | None:
+    """A hash of everything a prompt's token count depends on, or None when it cannot be known (a tokenizer
+    without a Rust backend): the transformers class, the backend's JSON, the chat template, the special tokens."""
+    if tok is None:
+        return None
+    backend = getattr(tok, "backend_tokenizer", None) or getattr(tok, "_tokenizer", None)
+    to_str = getattr(backend, "to_str", None)
+    if not callable(to_str):
+        return None
+    cls = next((c for c in type(tok).__mro__ if c.__module__.split(".")[0] == "transformers"), type(tok))
+    material = {"class": f"{cls.__module__}.{cls.__qualname__}", "backend": hashlib.sha256(
+        to_str().encode("utf-8")).hexdigest(), "chat_template": getattr(tok, "chat_template", None),
+        "special": getattr(tok, "special_tokens_map", None), "is_fast": getattr(tok, "is_fast", None)}
+    return hashlib.sha256(json.dumps(material, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+
+
+def _encode(tok, text: str, special: bool) -> list[int]:
+    return list(tok.encode(text) if special else tok.encode(text, add_special_tokens=False))
+
+
+def prompt_ids(worker, req: dict) -> list[int]:
+    """The prompt token ids of `req` under the worker's tokenizer (chat template applied)."""
+    return _encode(worker.tokenizer, *prompt_text(worker, req))
+
+
+def count_many(worker, reqs: list[dict]) -> list[int]:
+    """len(prompt_ids(r)) for each request. A fast (Rust) tokenizer encodes each group of texts in one batch
+    call, which runs on every core; the batch's shortest text is also encoded alone and must agree, else
+    (and for any other tokenizer) each text is encoded alone as prompt_ids does."""
+    tok = worker.tokenizer
+    texts = [prompt_text(worker, r) for r in reqs]
+    out: list[int | None] = [None] * len(texts)
+    if getattr(tok, "is_fast", False) is True and getattr(worker, "batch_counts_ok", True):
+        for special in (True, False):
+            idx = [i for i, (_, s) in enumerate(texts) if s == special]
+            if not idx:
+                continue
+            ids = tok([texts[i][0] for i in idx], add_special_tokens=special)["input_ids"]
+            check = min(range(len(idx)), key=lambda j: len(texts[idx[j]][0]))
+            if list(ids[check]) != _encode(tok, *texts[idx[check]]):
+                worker.batch_counts_ok = False  # this tokenizer's batch call differs: one by one from now on
+                break
+            for i, row in zip(idx, ids):
+                out[i] = len(row)
+    return [n if n is not None else len(_encode(tok, text, special)) for n, (text, special) in zip(out, texts)]
 
 
 def prompt_logprobs(llm, batch: list[list[int]], k: int) -> list[tuple[list[list[int]], list[list[float]]]]:

@@ -55,7 +55,11 @@ def haystack_text(n_chars: int, directory: Path | None = None) -> str:
             have += len(body) + 2
             if have >= n_chars:
                 break
-    return "\n\n".join(parts)[:n_chars]
+    if not parts:
+        return ""
+    # "\n\n".join(parts)[:n_chars] without copying the whole last book: every part but the last is used whole.
+    head = "\n\n".join(parts[:-1]) + "\n\n" if len(parts) > 1 else ""
+    return (head + parts[-1][:max(0, n_chars - len(head))])[:n_chars]
 
 
 def sentence_boundary_before(text: str, pos: int) -> int:

@@ -5,7 +5,7 @@ the model's own tokens under its chat template."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Generator, Optional
 
 from fp8eval.config import SamplingConfig, TaskConfig
 from fp8eval.core.seeds import rng_for
@@ -44,6 +44,7 @@ class NiahTask(Task):
         self.template = (TASK_DATA_ROOT / "niah" / "prompt.txt").read_text(encoding="utf-8")
         self._chars_per_token: float | None = None
         self._notes: list[str] = []
+        self._prepared: dict[str, Prompt | SkipSample] = {}  # sample id -> prepare()'s result
         self._lengths = self._fit_lengths()
 
     def _max_tokens(self) -> int:
@@ -107,26 +108,69 @@ class NiahTask(Task):
         content = self.template.format(context=context.strip(), key=d["keys"][0]).strip()
         return Prompt(messages=({"role": "user", "content": content},))
 
-    def prompt(self, sample: Sample, repeat: int) -> Prompt:
-        target = int(sample.data["length"])
+    def _calibrate(self) -> None:
         if self._chars_per_token is None:
             # Calibrated on the grid's first sample, whichever sample is asked first, so a prompt never
             # depends on which samples a run plans (a shard plans only its own).
             probe = self._render(self.samples()[0], 20000)
             self._chars_per_token = 20000 / max(1, self.ctx.count_tokens(probe))
-        overhead = self.ctx.count_tokens(self._render(sample, 0))
+
+    def _search(self, sample: Sample) -> Generator[Prompt, int, Prompt]:
+        """The haystack fitted to the sample's length: yields each prompt whose token count it needs and is
+        sent that count back; returns the prompt (raises SkipSample). One search for one prompt at a time
+        (`prompt`) and for many in step (`prepare`): the same counts, so the same prompts."""
+        target = int(sample.data["length"])
+        overhead = yield self._render(sample, 0)
         if overhead >= target:
             raise SkipSample(f"the prompt without filler is already {overhead} tokens, over the {target} asked")
         n_chars = int((target - overhead) * self._chars_per_token)
         for _ in range(8):
             prompt = self._render(sample, n_chars)
-            tokens = self.ctx.count_tokens(prompt)
+            tokens = yield prompt
             if target - 16 <= tokens <= target:
                 return prompt
             n_chars = max(0, int(n_chars + (target - 4 - tokens) * self._chars_per_token))
         if tokens <= target:
             return prompt
         raise SkipSample(f"could not fit the haystack into {target} tokens (last try: {tokens})")
+
+    def prepare(self, samples) -> None:
+        """Every sample's search run in step, each round's prompts counted in one `ctx.count_many` batch
+        (the engine may tokenize them in parallel); the prompts (or SkipSample) are kept for `prompt()`."""
+        if self.ctx.count_many is None:
+            return
+        self._calibrate()
+        live: dict[str, tuple[Generator[Prompt, int, Prompt], Prompt]] = {}
+        for sample in samples:
+            if sample.id not in live and sample.id not in self._prepared:
+                gen = self._search(sample)
+                live[sample.id] = (gen, next(gen))
+        while live:
+            counts = self.ctx.count_many([asked for _, asked in live.values()])
+            for (sid, (gen, _)), n in zip(list(live.items()), counts, strict=True):
+                try:
+                    live[sid] = (gen, gen.send(n))
+                except StopIteration as done:
+                    self._prepared[sid] = done.value
+                    del live[sid]
+                except SkipSample as skip:
+                    self._prepared[sid] = skip
+                    del live[sid]
+
+    def prompt(self, sample: Sample, repeat: int) -> Prompt:
+        got = self._prepared.pop(sample.id, None)  # prepare()'s result, used once (the runner keeps it)
+        if isinstance(got, SkipSample):
+            raise got
+        if got is not None:
+            return got
+        self._calibrate()
+        gen = self._search(sample)
+        asked = next(gen)
+        while True:
+            try:
+                asked = gen.send(self.ctx.count_tokens(asked))
+            except StopIteration as done:
+                return done.value
 
     def score(self, sample: Sample, completion: str, repeat: int = 0) -> Score:
         value = sample.data["values"][0]
