@@ -35,7 +35,7 @@ from __future__ import annotations
 import torch
 
 from fp8eval.config import ACCUMULATION_MODES, ATTENTION_MODES
-from fp8eval.core.quant import FP8_DTYPE, fp8_roundtrip
+from fp8eval.core.quant import fp8_roundtrip
 
 FAST_ACC_K = 32  # keys per FP8 WGMMA k-step (32 bytes of K per instruction)
 FAST_ACC_BITS = 13  # fraction bits kept below the leading bit: ~14 significant bits
@@ -121,26 +121,28 @@ def _fa3_key_order(n_keys: int, block_n: int, device) -> torch.Tensor:
     return torch.cat([torch.arange(s, min(s + block_n, n_keys), device=device) for s in starts])
 
 
-def _fp8_values(fmt: str, device) -> torch.Tensor:
-    """The float32 value of each of the 256 FP8 bit patterns (a lookup table: faster than torch's cast back)."""
-    key = (fmt, str(device))
-    if key not in _FP8_TABLES:
-        _FP8_TABLES[key] = torch.arange(256, dtype=torch.uint8, device=device).view(FP8_DTYPE[fmt]).float()
-    return _FP8_TABLES[key]
+# (mantissa bits, exponent of the smallest normal) of each FP8 format: what rounding to it keeps.
+_FP8_GRID = {"e4m3": (3, -6), "e5m2": (2, -14)}
 
 
-_FP8_TABLES: dict = {}
+def _to_fp8_in_place(x: torch.Tensor, fmt: str, scratch: torch.Tensor | None = None) -> torch.Tensor:
+    """x (float32, non-negative, finite, within the format's range: no saturation needed) rounded to FP8 with round
+    to nearest even, in place: the bits torch's cast to the FP8 dtype and back gives (checked over every float32 in
+    range: tests/test_speed_bits.py), in five elementwise passes instead of a conversion and a table lookup.
+
+    For x in [2^e, 2^(e+1)) (e at least the format's smallest normal exponent, which also covers the subnormals) the
+    FP8 grid step is 2^(e-m); adding c = 2^(e+23-m) puts x where float32's own step is that, so the float32 add
+    rounds x to the FP8 grid (to nearest even), and subtracting c again is exact. `scratch`: int32 room for at least
+    x.numel() elements (reused across calls instead of a fresh allocation)."""
+    m, emin = _FP8_GRID[fmt]
+    c = None if scratch is None else scratch[:x.numel()].view(x.shape)
+    c = torch.bitwise_and(x.view(torch.int32), 0x7F800000, out=c)  # x's exponent field
+    c.clamp_min_((emin + 127) << 23).add_((23 - m) << 23)
+    cf = c.view(torch.float32)
+    return x.add_(cf).sub_(cf)
 
 
-def _to_fp8_in_place(x: torch.Tensor, fmt: str) -> torch.Tensor:
-    """x (non-negative, within the format's range: no saturation needed) rounded to FP8 (round to nearest
-    even, torch's cast) and read back, in place."""
-    bits = x.to(FP8_DTYPE[fmt]).view(torch.uint8).reshape(-1).int()
-    torch.index_select(_fp8_values(fmt, x.device), 0, bits, out=x.view(-1))
-    return x
-
-
-def _fa3_rows(s, v, fmt, block_n, accumulation):
+def _fa3_rows(s, v, fmt, block_n, accumulation, scratch=None):
     """FA3's FP8 forward for scores s [.., rows, Lk] (from the FP8-rounded Q, masked, float32, contiguous;
     overwritten). Returns float32 [.., rows, Dv]."""
     lk = s.shape[-1]
@@ -163,12 +165,14 @@ def _fa3_rows(s, v, fmt, block_n, accumulation):
     block_sums = torch.cat([x.sum(-1) for x in (sf, tail) if x is not None], dim=-1)
     row_sum = (block_sums.double() * rescale.double()).sum(-1).float()
     # P to FP8 for the P·V product (scale 1; P <= 256 needs no saturation), then each block's rescale.
-    _to_fp8_in_place(s, fmt)
+    _to_fp8_in_place(s, fmt, scratch)
     if sf is not None:
         sf.mul_(rescale[..., :full].unsqueeze(-1))
     if tail is not None:
         tail.mul_(rescale[..., full:].unsqueeze(-1))
-    num = _pv(s, v, accumulation, order=_fa3_key_order(lk, block_n, s.device))
+    # The key order matters only to the reduced-precision accumulations; exact P.V does not build it.
+    order = _fa3_key_order(lk, block_n, s.device) if accumulation != "exact" else None
+    num = _pv(s, v, accumulation, order=order)
     return num / row_sum.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(-1)
 
 
@@ -191,15 +195,22 @@ def _unit_scale_rows(s, v, fmt, accumulation):
     return _pv(probs, v, accumulation)
 
 
-def _exact_rows(s, v, accumulation):
+def _exact_rows(s, v, accumulation, v_ones=None):
     """Exact attention; with `exact` accumulation the row sums come out of the same product as P·V (V with a
-    column of ones appended)."""
+    column of ones appended: `v_ones`, the slice's keys of it when the caller built it once for all slices)."""
     p = _exp_in_place(s)
     if accumulation != "exact":
         return _pv(p, v, accumulation) / _row_sums(p).clamp_min(torch.finfo(torch.float32).tiny)
-    ones = torch.ones(*v.shape[:-1], 1, dtype=v.dtype, device=v.device)
-    nd = torch.matmul(p, torch.cat([v, ones], dim=-1))
+    if v_ones is None:
+        v_ones = _with_ones(v)
+    nd = torch.matmul(p, v_ones)
     return nd[..., :-1] / nd[..., -1:].clamp_min(torch.finfo(torch.float32).tiny)
+
+
+def _with_ones(v: torch.Tensor) -> torch.Tensor:
+    """v [.., keys, D] with a column of ones appended [.., keys, D + 1] (contiguous)."""
+    ones = torch.ones(*v.shape[:-1], 1, dtype=v.dtype, device=v.device)
+    return torch.cat([v, ones], dim=-1)
 
 
 def _mask_in_place(s5: torch.Tensor, mask: torch.Tensor | None, kv_heads: int, groups: int) -> None:
@@ -251,6 +262,12 @@ def emulated_attention(query, key, value, attention_mask, scaling: float, *, mod
     # scores stay small enough to be worked on in cache.
     rows = max(1, min(_SLICE_ROWS, _SLICE_ELEMENTS // max(1, b * h * lk)))
     out = torch.empty(b, kvh, groups, lq, v.shape[-1], dtype=torch.float32, device=q.device)
+    # Exact attention's V with its column of ones, built once; each slice reads the rows of its keys.
+    v_ones = _with_ones(v) if mode == "kv_only" and accumulation == "exact" else None
+    # One room for every slice's scores (and FA3's int32 scratch) instead of fresh allocations per slice.
+    room = b * kvh * groups * min(rows, lq) * lk
+    s_room = torch.empty(room, dtype=torch.float32, device=q.device)
+    scratch = torch.empty(room, dtype=torch.int32, device=q.device) if mode == "fa3_fp8" else None
     for r0 in range(0, lq, rows):
         n = min(rows, lq - r0)
         qs = q[:, :, r0:r0 + n].reshape(b, kvh, groups * n, d)
@@ -265,17 +282,18 @@ def emulated_attention(query, key, value, attention_mask, scaling: float, *, mod
             end = int(seen[-1]) + 1 if seen.numel() else lk
             if end < lk:  # keys no row of this slice can see add exp(-inf) = 0: leave them out exactly
                 ks, vs, ms = k[:, :, :end], v[:, :, :end], ms[..., :end]
-        s = torch.matmul(qs, ks.transpose(-1, -2)).mul_(scaling)  # [B, KVH, G*n, keys]
+        s = s_room[:b * kvh * groups * n * end].view(b, kvh, groups * n, end)
+        torch.matmul(qs, ks.transpose(-1, -2), out=s).mul_(scaling)  # [B, KVH, G*n, keys]
         if causal:  # only the last n keys hold masked positions: the rows' diagonal
             s.view(b, kvh, groups, n, end)[..., end - n:].masked_fill_(
                 torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
         else:
             _mask_in_place(s.view(b, kvh, groups, n, end), ms, kvh, groups)
         if mode == "fa3_fp8":
-            o = _fa3_rows(s, vs, fmt, fa3_block_n(d, sliding), accumulation)
+            o = _fa3_rows(s, vs, fmt, fa3_block_n(d, sliding), accumulation, scratch)
         elif mode == "qp_unit_scale":
             o = _unit_scale_rows(s, vs, fmt, accumulation)
         else:
-            o = _exact_rows(s, vs, accumulation)
+            o = _exact_rows(s, vs, accumulation, None if v_ones is None else v_ones[:, :, :end])
         out[:, :, :, r0:r0 + n] = o.view(b, kvh, groups, n, -1)
     return out.view(b, h, lq, -1).to(query.dtype).transpose(1, 2).contiguous()

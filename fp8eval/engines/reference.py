@@ -298,9 +298,9 @@ class ReferenceEngine:
         eos = _eos_ids(tok, model)
         stops = [s for s in (sp.get("stop") or []) if s]
         with torch.inference_mode():
-            from transformers import DynamicCache
+            from fp8eval.engines.reserved_cache import reserved_cache
 
-            cache = DynamicCache(config=model.config)
+            cache = reserved_cache(model.config, len(ids) + max_tokens)  # room for the request: no per-token concat
             input_ids = torch.tensor([ids], device=device)
             chunk = max(1, int(self.cfg.engine.prefill_chunk))
             logits = None
