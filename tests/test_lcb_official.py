@@ -61,14 +61,23 @@ def test_date_window_includes_the_end_date():
 
 
 # Every probe of benchmarks/lcb_parity.py gives the verdict the official evaluator gave (recorded there;
-# `python benchmarks/lcb_parity.py --lcb-repo <LiveCodeBench checkout>` asks it again).
+# `python benchmarks/lcb_parity.py --lcb-repo <LiveCodeBench checkout>` asks it again). Only the time-limit probe is
+# about time; the others test semantics and get a generous limit (CI runs its two parts side by side on 2 cores,
+# and "from sys import stdin" once missed the 2 s default there: a loaded machine, not a verdict).
+TIMED_PROBE = "2.5 s with a 2 s limit"
+
+
+def _limit(name: str) -> float:
+    return 2.0 if name == TIMED_PROBE else 30.0
+
+
 @pytest.mark.parametrize("name", sorted(STDIN_PROBES))
 def test_stdin_probe_as_official(name):
     code, official = STDIN_PROBES[name]
-    assert ours_stdin(code) is official
+    assert ours_stdin(code, timeout_s=_limit(name)) is official
 
 
 @pytest.mark.parametrize("name", sorted(FUNCTIONAL_PROBES))
 def test_functional_probe_as_official(name):
     code, fn, inputs, outputs, official = FUNCTIONAL_PROBES[name]
-    assert ours_functional(code, fn, inputs, outputs) is official
+    assert ours_functional(code, fn, inputs, outputs, timeout_s=_limit(name)) is official
