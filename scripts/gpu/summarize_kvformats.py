@@ -18,6 +18,9 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from summarize_models import without_paths  # noqa: E402  (the same path cutting for both tables)
+
 BUCKETS = ("0-256", "256-1k", "1k-2k", "2k-4k")
 BEGIN, END = "<!-- h200-kvformats:begin -->", "<!-- h200-kvformats:end -->"
 
@@ -65,7 +68,7 @@ def table(work: Path, model: str, vkey: str, rkey: str) -> tuple[list[str], list
         status = c.get("error") or (f"same cache as {c['same_as']}" if c.get("same_as") else
                                     "infeasible: " + c["feasibility"].get("reason", "") if not c.get("feasible")
                                     else "")
-        status = status.replace("|", " ")
+        status = without_paths(status).replace("|", " ")
         rows.append(f"| {model} | {key.split('|scales')[0].replace('|', ' ')} | {backend} | {(a or b).get('kv_bytes_per_token', '-')} | "
                     f"{cap or '-'} ({capx}) | " + " / ".join(_e(k) for k in kern) + " | "
                     + " / ".join(_e(e) for e in emu) + " | " + " / ".join(ratio) + " | not run | "

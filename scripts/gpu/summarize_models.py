@@ -4,6 +4,7 @@ audit result, KV capacity bf16 / fp8, backend; then the corpus and the headline 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -24,10 +25,18 @@ def architecture(model: str, starts: list[dict]) -> str:
     return out + (f"; started with {', '.join(reduced)})" if reduced else ")")
 
 
+_ABS_PATH = re.compile(r"(?<![\w.])/(?:[^\s'\"/|]+/)+([^\s'\"/|]+)")
+
+
+def without_paths(text: str) -> str:
+    """Error text for the docs: every absolute path (the GPU box's cache and work dirs) cut to its last part."""
+    return _ABS_PATH.sub(r"\1", text)
+
+
 def audit_cell(start: dict) -> str:
     """ok / the problem categories / the start error."""
     if not start.get("started"):
-        return "not started: " + str(start.get("error", "?"))[:120].replace("|", "/").replace("\n", " ")
+        return "not started: " + without_paths(str(start.get("error", "?")))[:120].replace("|", "/").replace("\n", " ")
     audit = start.get("audit") or {}
     probs = audit.get("problems") or []
     if not probs:
