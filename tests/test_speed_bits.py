@@ -1,6 +1,7 @@
 """The reference engine's speed-ups compute the same bits as what they replaced (issue 26): FP8 rounding by float32
 arithmetic against torch's cast, the reserved KV cache against transformers' DynamicCache, exact attention's
-shared V-with-ones against a per-slice one."""
+shared V-with-ones against a per-slice one and the cache's own V-with-ones view against a copy, the anatomy's kept
+generation logits against their replay."""
 
 from __future__ import annotations
 
@@ -46,6 +47,25 @@ def test_exact_attention_with_shared_ones_column_matches_per_slice_one():
     assert torch.equal(got[:, :64], old)
 
 
+@pytest.mark.parametrize("lq,lk", [(1, 1777), (1, 5), (300, 300), (200, 900)])
+def test_exact_attention_with_the_caches_ones_column_matches_a_copy(lq, lk):
+    """V carrying a view of its buffer with a column of ones (what the reserved cache keeps) gives the bits of the
+    contiguous V-with-ones copy, at decode, prefill and chunked-prefill shapes."""
+    g = torch.Generator().manual_seed(lq + lk)
+    q, k = torch.randn(1, 9, lq, 64, generator=g) * 3, torch.randn(1, 3, lk, 64, generator=g) * 3
+    buf = torch.empty(1, 3, lk + 37, 65)
+    buf[..., 64] = 1
+    buf[:, :, :lk, :64] = torch.randn(1, 3, lk, 64, generator=g)
+    v = buf[:, :, :lk, :64]
+    want = emu.emulated_attention(q, k, v, None, 0.125, mode="kv_only", accumulation="exact", fmt=None)
+    setattr(v, emu.V_WITH_ONES, buf[:, :, :lk])
+    assert emu._with_ones(v).data_ptr() == buf.data_ptr()  # the view, not a copy
+    got = emu.emulated_attention(q, k, v, None, 0.125, mode="kv_only", accumulation="exact", fmt=None)
+    assert torch.equal(got, want)
+    setattr(v, emu.V_WITH_ONES, buf[:, :, :lk - 1])  # a view that does not fit is not used
+    assert emu._with_ones(v).data_ptr() != buf.data_ptr()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
 def test_reserved_cache_gives_dynamic_cache_logits_bit_for_bit(kv):
@@ -85,3 +105,62 @@ def test_reserved_cache_gives_dynamic_cache_logits_bit_for_bit(kv):
         assert any(isinstance(x, ReservedLayer) for x in small.layers)
         for a, b in zip(run(DynamicCache(config=model.config), n), run(small, n)):
             assert torch.equal(a, b)
+
+
+@pytest.mark.slow
+def test_anatomy_logits_kept_from_generation_equal_their_replay():
+    """Teacher forcing through the FP8 arm (fa3_fp8 emulation) right after its generation reads the kept step logits;
+    with the memo emptied it replays prefill and decode: the same row bit for bit, whose top-1 is the arm's own token
+    (the baseline's text is made to part from the arm's at its fourth token)."""
+    pytest.importorskip("transformers")
+    from conftest import compose
+
+    from fp8eval.arms import resolve_arms
+    from fp8eval.engines import build_engine
+    from fp8eval.engines.base import Request
+
+    cfg = compose(["engine=reference", "engine.threads=2", "engine.prefill_chunk=16"])
+    _, var = resolve_arms(cfg)
+    shared: dict = {}
+    req = Request(id="q", messages=({"role": "user", "content": "Name three colours and say why."},), n=1,
+                  seeds=(1,), sampling={"temperature": 0.0, "max_tokens": 10})
+    try:
+        fp8 = build_engine(cfg, var, shared)
+        own = next(iter(fp8.generate([req]))).choices[0].text
+    except Exception as e:  # noqa: BLE001 - the embedded model is part of the install; say so if absent
+        pytest.skip(f"embedded model unavailable: {e}")
+    tok = fp8.tokenizer()
+    ids = tok(own, add_special_tokens=False)["input_ids"]
+    forced = tok.decode(ids[:3]) + " zebra"
+    calls = []
+    real = fp8._prefill
+    fp8._prefill = lambda *a, **k: calls.append(1) or real(*a, **k)
+    kept = fp8.teacher_force(req, forced, own)
+    assert not calls and len(shared["step_logits"]._items) == 1  # read from the memo
+    shared["step_logits"]._items.clear()
+    replayed = fp8.teacher_force(req, forced, own)
+    assert calls  # replayed
+    assert kept == replayed and kept["part_position"] == 3
+    assert kept["top1_token"] == kept["other_token"] and kept["rank"] > 1
+
+
+def test_step_logits_memo_is_bounded_in_bytes_and_answers_only_its_own_prefix():
+    from fp8eval.engines.step_logits import StepLogits
+
+    memo = StepLogits(max_bytes=3 * 4 * 4)  # room for three rows of 4 float32
+    rec = memo.recorder("a")
+    for i in range(2):
+        rec.add(torch.full((4,), float(i)))
+    rec.keep([7, 8])
+    assert torch.equal(memo.row("a", [7]), torch.full((4,), 1.0))
+    assert memo.row("a", [9]) is None and memo.row("a", [7, 8]) is None and memo.row("b", []) is None
+    rec = memo.recorder("b")
+    for i in range(2):
+        rec.add(torch.zeros(4))
+    rec.keep([1, 2])  # over the bound with "a": "a", stored first, goes
+    assert memo.row("a", []) is None and memo.row("b", [1]) is not None
+    rec = memo.recorder("c")
+    for i in range(4):
+        rec.add(torch.zeros(4))  # one request larger than the whole memo: nothing kept
+    rec.keep([1, 2, 3, 4])
+    assert memo.row("c", []) is None and memo.row("b", []) is not None

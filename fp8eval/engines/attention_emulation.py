@@ -52,6 +52,9 @@ FA3_MAX_OFFSET = 8  # P = exp2(x - (max - 8)) lies in [0, 256]
 # Elements of one [heads, query rows, keys] score slice held at a time (at most ~1 GiB in float32).
 _SLICE_ELEMENTS = 1 << 28
 _SLICE_ROWS = 64
+# The attribute under which a cache's V tensor [.., keys, D] may carry a view [.., keys, D + 1] of the same storage
+# whose last column holds ones (fp8eval.engines.reserved_cache): exact attention's V-with-ones without a copy.
+V_WITH_ONES = "_fp8eval_v_with_ones"
 
 
 def fa3_block_n(head_dim: int, sliding: bool = False) -> int:
@@ -208,7 +211,12 @@ def _exact_rows(s, v, accumulation, v_ones=None):
 
 
 def _with_ones(v: torch.Tensor) -> torch.Tensor:
-    """v [.., keys, D] with a column of ones appended [.., keys, D + 1] (contiguous)."""
+    """v [.., keys, D] with a column of ones appended [.., keys, D + 1]: the view the cache keeps with v
+    (V_WITH_ONES) when it is one, else a contiguous copy."""
+    w = getattr(v, V_WITH_ONES, None)
+    if (w is not None and w.dtype == v.dtype and w.shape == (*v.shape[:-1], v.shape[-1] + 1)
+            and w.data_ptr() == v.data_ptr() and w.stride()[:-1] == v.stride()[:-1]):
+        return w
     ones = torch.ones(*v.shape[:-1], 1, dtype=v.dtype, device=v.device)
     return torch.cat([v, ones], dim=-1)
 

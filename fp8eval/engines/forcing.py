@@ -4,8 +4,9 @@
 the two completions part (the first token, under this engine's tokenizer, at which `forced_text` -- the
 baseline's completion -- and `other_text` -- this arm's own -- differ), and, with the baseline's completion
 forced through this arm after the prompt, this arm's log-probability of the baseline's token there, its rank
-(1 = this arm's own greedy choice) and this arm's most likely token there. Engines: reference (exact, one
-forward), vllm (prompt_logprobs in the worker), server (echo logprobs), fake (scripted).
+(1 = this arm's own greedy choice) and this arm's most likely token there. Engines: reference (exact: the logits
+its generation computed, kept or replayed bit for bit, fp8eval.engines.step_logits), vllm (prompt_logprobs in the
+worker), server (echo logprobs), fake (scripted).
 """
 
 from __future__ import annotations

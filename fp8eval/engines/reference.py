@@ -283,6 +283,7 @@ class ReferenceEngine:
     def _generate_one(self, req: Request) -> Completion:
         import torch
 
+        from fp8eval.engines import step_logits
         from fp8eval.engines.sampling import sample_next
 
         t0 = time.perf_counter()
@@ -293,22 +294,11 @@ class ReferenceEngine:
         if len(ids) + max_tokens > self.max_model_len():
             raise EngineError(f"request {req.id}: {len(ids)} prompt + {max_tokens} output tokens exceed "
                               f"max_model_len {self.max_model_len()} (the runner should have skipped it)")
-        device = self._device_name()
-        model = self._model
-        eos = _eos_ids(tok, model)
+        eos = _eos_ids(tok, self._model)
         stops = [s for s in (sp.get("stop") or []) if s]
+        record = step_logits.recorder_for(self, req, ids, max_tokens)  # for the anatomy, or None
         with torch.inference_mode():
-            from fp8eval.engines.reserved_cache import reserved_cache
-
-            cache = reserved_cache(model.config, len(ids) + max_tokens)  # room for the request: no per-token concat
-            input_ids = torch.tensor([ids], device=device)
-            chunk = max(1, int(self.cfg.engine.prefill_chunk))
-            logits = None
-            for start in range(0, len(ids), chunk):
-                out = model(input_ids=input_ids[:, start:start + chunk], past_key_values=cache, use_cache=True,
-                            logits_to_keep=1)
-                logits = out.logits[:, -1, :]
-                self.computed_prefill_tokens += min(chunk, len(ids) - start)
+            cache, logits = self._prefill(ids, len(ids) + max_tokens)  # room for the request: no per-token concat
             n = req.n
             if n > 1:
                 cache.batch_repeat_interleave(n)
@@ -316,7 +306,9 @@ class ReferenceEngine:
             gens = [torch.Generator(device="cpu").manual_seed(int(s)) for s in req.seeds]
             outs: list[list[int]] = [[] for _ in range(n)]
             finish: list[str | None] = [None] * n
-            for _step in range(max_tokens):
+            for step in range(max_tokens):
+                if record is not None:
+                    record.add(logits[0])
                 nxt = sample_next(logits.float().cpu(), sp, gens)
                 for i in range(n):
                     if finish[i] is not None:
@@ -328,11 +320,11 @@ class ReferenceEngine:
                     outs[i].append(t)
                     if stops and _hits_stop(tok, outs[i], stops):
                         finish[i] = "stop"
-                if all(f is not None for f in finish):
-                    break
-                out = model(input_ids=nxt.view(n, 1).to(device), past_key_values=cache, use_cache=True,
-                            logits_to_keep=1)
-                logits = out.logits[:, -1, :]
+                if all(f is not None for f in finish) or step == max_tokens - 1:
+                    break  # (after the last allowed token no logits are needed)
+                logits = self._decode(cache, nxt.view(n, 1))
+        if record is not None:
+            record.keep(outs[0])
         choices = []
         for i in range(n):
             text = tok.decode(outs[i], skip_special_tokens=True)
@@ -342,6 +334,31 @@ class ReferenceEngine:
         # No cache across requests (cached 0); the n samples share this one prefill of len(ids) tokens.
         return Completion(request_id=req.id, choices=choices, prompt_tokens=len(ids), cached_prompt_tokens=0,
                           latency_s=time.perf_counter() - t0, extra={"computed_prompt_tokens": len(ids)})
+
+    def _prefill(self, ids: list[int], capacity: int, count: bool = True):
+        """(cache, last logits [1, vocab]): the prompt run in `engine.prefill_chunk` chunks into a reserved cache with
+        room for `capacity` positions (call under torch.inference_mode); `count`: add them to computed_prefill_tokens."""
+        import torch
+
+        from fp8eval.engines.reserved_cache import reserved_cache
+
+        cache = reserved_cache(self._model.config, capacity)
+        input_ids = torch.tensor([ids], device=self._device_name())
+        chunk = max(1, int(self.cfg.engine.prefill_chunk))
+        logits = None
+        for start in range(0, len(ids), chunk):
+            out = self._model(input_ids=input_ids[:, start:start + chunk], past_key_values=cache, use_cache=True,
+                              logits_to_keep=1)
+            logits = out.logits[:, -1, :]
+            if count:
+                self.computed_prefill_tokens += min(chunk, len(ids) - start)
+        return cache, logits
+
+    def _decode(self, cache, tokens):
+        """One decode step: tokens [n, 1] after what `cache` holds; returns the logits [n, vocab]."""
+        out = self._model(input_ids=tokens.to(self._device_name()), past_key_values=cache, use_cache=True,
+                          logits_to_keep=1)
+        return out.logits[:, -1, :]
 
     # --- scoring (lm-eval loglikelihood) ---------------------------------------------------------------
     def loglikelihood(self, requests: Iterable[Request]) -> Iterator[Completion]:
@@ -393,10 +410,11 @@ class ReferenceEngine:
 
     # --- teacher forcing (the anatomy of a flip, fp8eval.engines.forcing) -------------------------------
     def teacher_force(self, req: Request, forced_text: str, other_text: str) -> dict:
-        """Exact: the prompt and the forced completion in one forward under this arm's KV policy."""
+        """The arm's logits after the prompt and the forced tokens before the parting position, as its generation
+        computes them: chunked prefill, then one decode step per token (fp8eval.engines.step_logits.forced_logits)."""
         import torch
 
-        from fp8eval.engines import forcing
+        from fp8eval.engines import forcing, step_logits
 
         self._load()
         self._shared["active_policy"] = self._policy
@@ -407,9 +425,8 @@ class ReferenceEngine:
         ids, p = forcing.forced_ids(forced, other, tok.eos_token_id)
         row = None
         if p < len(ids):
-            with torch.inference_mode():
-                x = torch.tensor([prompt + ids[:p]], device=self._device_name())
-                logp = torch.log_softmax(self._model(input_ids=x, logits_to_keep=1).logits[0, -1].float(), -1)
+            logits = step_logits.forced_logits(self, req, prompt, ids[:p])
+            logp = torch.log_softmax(logits.float(), -1)
             lp = float(logp[ids[p]])
             row = {"logprob": lp, "rank": int((logp > logp[ids[p]]).sum()) + 1, "top1": int(logp.argmax())}
         return forcing.answer(p, forced, other, row, lambda t: tok.decode([t]))

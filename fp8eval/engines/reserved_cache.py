@@ -7,12 +7,18 @@ What attention sees is the same: the cached positions followed by the new ones, 
 same values (the reference engine's KV policy still rounds the new positions in place, fp8eval.engines.kvcache).
 Anything that replaced a layer's tensors behind its back (batch_repeat_interleave, crop, reorder) is noticed at
 the next update and the buffer rebuilt from them.
+
+The values' buffer has one more column, all ones: exact attention multiplies P by V with a column of ones appended
+(the row sums come out of the same product, fp8eval.engines.attention_emulation), which it finds here as a view
+(the values' attribute V_WITH_ONES) instead of concatenating the whole V with ones at every call.
 """
 
 from __future__ import annotations
 
 import torch
 from transformers.cache_utils import DynamicLayer
+
+from fp8eval.engines.attention_emulation import V_WITH_ONES
 
 
 class ReservedLayer(DynamicLayer):
@@ -29,21 +35,29 @@ class ReservedLayer(DynamicLayer):
         buf = self._k_buf
         return (buf is not None and self.keys is not None and self.keys.dim() == 4
                 and self.keys.data_ptr() == buf.data_ptr() and self.keys.shape[0] == buf.shape[0]
-                and self.values.data_ptr() == self._v_buf.data_ptr())
+                and self.values.data_ptr() == self._v_buf.data_ptr() and self.values.shape[0] == buf.shape[0])
 
     def _rebuild(self, length: int, new: torch.Tensor, new_v: torch.Tensor) -> None:
         """A buffer with room for `length` positions, holding the current keys/values (if any)."""
         cur = self.get_seq_length()
         cap = max(self.capacity, length)
         shape_k = (*new.shape[:-2], cap, new.shape[-1])
-        shape_v = (*new_v.shape[:-2], cap, new_v.shape[-1])
+        dv = new_v.shape[-1]
+        shape_v = (*new_v.shape[:-2], cap, dv + 1)  # V and a column of ones
         k_buf = torch.empty(shape_k, dtype=new.dtype, device=new.device)
         v_buf = torch.empty(shape_v, dtype=new_v.dtype, device=new_v.device)
+        v_buf[..., dv].fill_(1)
         if cur:
             k_buf[..., :cur, :].copy_(self.keys)
-            v_buf[..., :cur, :].copy_(self.values)
+            v_buf[..., :cur, :dv].copy_(self.values)
         self._k_buf, self._v_buf, self.capacity = k_buf, v_buf, cap
-        self.keys, self.values = k_buf[..., :cur, :], v_buf[..., :cur, :]
+        self._set_views(cur)
+
+    def _set_views(self, end: int) -> None:
+        """keys/values: the buffers' first `end` positions; the values carry their ones-column view (V_WITH_ONES)."""
+        dv = self._v_buf.shape[-1] - 1
+        self.keys, self.values = self._k_buf[..., :end, :], self._v_buf[..., :end, :dv]
+        setattr(self.values, V_WITH_ONES, self._v_buf[..., :end, :])
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """Write the new positions after the cached ones; return the cached and new positions (views)."""
@@ -55,8 +69,8 @@ class ReservedLayer(DynamicLayer):
             grow = self.capacity if end <= self.capacity else max(end, 2 * self.capacity)
             self._rebuild(grow, key_states, value_states)
         self._k_buf[..., cur:end, :].copy_(key_states)
-        self._v_buf[..., cur:end, :].copy_(value_states)
-        self.keys, self.values = self._k_buf[..., :end, :], self._v_buf[..., :end, :]
+        self._v_buf[..., cur:end, :-1].copy_(value_states)
+        self._set_views(end)
         return self.keys, self.values
 
 
