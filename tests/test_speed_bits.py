@@ -66,6 +66,31 @@ def test_exact_attention_with_the_caches_ones_column_matches_a_copy(lq, lk):
     assert emu._with_ones(v).data_ptr() != buf.data_ptr()
 
 
+@pytest.mark.parametrize("mode", ["kv_only", "fa3_fp8", "qp_unit_scale"])
+def test_a_written_out_causal_mask_gives_the_bits_of_the_general_mask_path(mode, monkeypatch):
+    """A later prefill chunk's causal mask (bool [1, 1, lq, lk], what transformers builds) is recognised and handled as
+    the causal case; the general path it used to take is forced here (the recognition switched off, and the same mask
+    as a float 0 / -inf one)."""
+    g = torch.Generator().manual_seed(7)
+    lq, lk = 200, 700
+    q, k = torch.randn(1, 9, lq, 64, generator=g) * 3, torch.randn(1, 3, lk, 64, generator=g) * 3
+    v = torch.randn(1, 3, lk, 64, generator=g)
+    causal = (torch.arange(lk).unsqueeze(0) <= torch.arange(lk - lq, lk).unsqueeze(1)).view(1, 1, lq, lk)
+    assert emu._is_plain_causal(causal, lq, lk)
+    additive = torch.zeros(1, 1, lq, lk).masked_fill_(~causal, float("-inf"))
+    run = lambda m: emu.emulated_attention(q, k, v, m, 0.125, mode=mode, accumulation="exact", fmt="e4m3")  # noqa: E731
+    assert torch.equal(run(causal), run(additive))
+    assert torch.equal(run(causal), run(None))
+    fast = run(causal)
+    with monkeypatch.context() as m:
+        m.setattr(emu, "_is_plain_causal", lambda *a: False)
+        assert torch.equal(run(causal), fast)
+    other = causal.clone()
+    other[..., 0, 0] = False  # one more hidden key: not plainly causal, the general path
+    assert not emu._is_plain_causal(other, lq, lk)
+    assert not torch.equal(run(other), run(causal))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kv", ["fp8", "bf16"])
 def test_reserved_cache_gives_dynamic_cache_logits_bit_for_bit(kv):
