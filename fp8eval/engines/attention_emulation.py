@@ -155,7 +155,7 @@ def _fa3_rows(s, v, fmt, block_n, accumulation, scratch=None):
     bmax = torch.cat([x.amax(-1) for x in (sf, tail) if x is not None], dim=-1)  # [.., rows, nb]
     # The running max when block b is visited (blocks go from the last to the first).
     run = bmax.flip(-1).cummax(-1).values.flip(-1)
-    run = torch.where(torch.isfinite(run), run, torch.zeros_like(run))
+    run = torch.nan_to_num(run, nan=0.0, posinf=0.0, neginf=0.0)  # a block with no visible key: 0 (one op)
     final = run[..., :1]  # the max over the whole row (the first block is visited last)
     rescale = torch.exp(run - final)  # what later max updates multiply block b's share by
     if sf is not None:  # P = exp(S - m) * 2^8 in [0, 256], in place, block by block
@@ -181,8 +181,7 @@ def _fa3_rows(s, v, fmt, block_n, accumulation, scratch=None):
 
 def _exp_in_place(s: torch.Tensor) -> torch.Tensor:
     """exp(s - rowmax), in place (rows with no visible key stay at 0)."""
-    m = s.amax(-1, keepdim=True)
-    m = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+    m = torch.nan_to_num(s.amax(-1, keepdim=True), nan=0.0, posinf=0.0, neginf=0.0)
     return s.sub_(m).exp_()
 
 
@@ -294,7 +293,9 @@ def emulated_attention(query, key, value, attention_mask, scaling: float, *, mod
     # last row, so the quadratic work is a triangle, not a square, as FA3 skips masked blocks; a slice's
     # scores stay small enough to be worked on in cache.
     rows = max(1, min(_SLICE_ROWS, _SLICE_ELEMENTS // max(1, b * h * lk)))
-    out = torch.empty(b, kvh, groups, lq, v.shape[-1], dtype=torch.float32, device=q.device)
+    # The output in the layout returned ([B, Lq, H, D]); the slices write through a permuted view of it.
+    out_t = torch.empty(b, lq, kvh, groups, v.shape[-1], dtype=torch.float32, device=q.device) if lq > 1 else None
+    out = out_t.permute(0, 2, 3, 1, 4) if out_t is not None else None
     # Exact attention's V with its column of ones, built once; each slice reads the rows of its keys.
     v_ones = _with_ones(v) if mode == "kv_only" and accumulation == "exact" else None
     # One room for every slice's scores (and FA3's int32 scratch) instead of fresh allocations per slice.
@@ -327,5 +328,7 @@ def emulated_attention(query, key, value, attention_mask, scaling: float, *, mod
             o = _unit_scale_rows(s, vs, fmt, accumulation)
         else:
             o = _exact_rows(s, vs, accumulation, None if v_ones is None else v_ones[:, :, :end])
+        if out is None:  # one query row (decode): [B, KVH, G, D] is already [B, 1, H, D]
+            return o.view(b, 1, h, -1).to(query.dtype)
         out[:, :, :, r0:r0 + n] = o.view(b, kvh, groups, n, -1)
-    return out.view(b, h, lq, -1).to(query.dtype).transpose(1, 2).contiguous()
+    return out_t.view(b, lq, h, -1).to(query.dtype)
