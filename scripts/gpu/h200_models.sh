@@ -36,8 +36,10 @@ echo "work dir $WORK, budget ${BUDGET_S} s, $PAR parallel starts at gpu_memory_u
 # Layer reduction for the parallel starts (model -> hf_overrides), so weights + KV fit UTIL of the GPU.
 declare -A LAYERS=(
   [qwen3-30b]="{num_hidden_layers:4}" [qwen3-30b-thinking]="{num_hidden_layers:4}"
-  [qwen3-30b-fp8]="{num_hidden_layers:4}" [qwen3.5-27b]="{text_config:{num_hidden_layers:4}}"
-  [qwen3.5-27b-1m]="{text_config:{num_hidden_layers:4}}" [llama-3.3-70b]="{num_hidden_layers:2}"
+  [qwen3-30b-fp8]="{num_hidden_layers:4}" [llama-3.3-70b]="{num_hidden_layers:2}"
+  # Qwen3.5: the text model's first 4 of 64 layers (3 Gated DeltaNet, 1 full attention), layer_types cut to match
+  [qwen3.5-27b]="{text_config:{num_hidden_layers:4,layer_types:[linear_attention,linear_attention,linear_attention,full_attention]}}"
+  [qwen3.5-27b-1m]="{text_config:{num_hidden_layers:4,layer_types:[linear_attention,linear_attention,linear_attention,full_attention]}}"
   [llama-3.1-8b]="{num_hidden_layers:8}" [gpt-oss-20b]="{num_hidden_layers:8}"
   [kimi-k2.5]="{num_hidden_layers:2,n_routed_experts:32}"
   # not a reduction: transformers 5.17 marks Gemma 4's head_dim per layer and raises when vLLM 0.26.0 reads the

