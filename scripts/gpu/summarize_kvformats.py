@@ -46,7 +46,8 @@ def _points(p: dict | None) -> dict:
 
 def table(work: Path, model: str, vkey: str, rkey: str) -> tuple[list[str], list[dict]]:
     """Markdown rows and JSON rows for one model."""
-    vs = [_load(work / f"{vkey}{suffix}" / "pareto.json") for suffix in ("", "_tq")]
+    # vllm_<model>_tq/ (one process for every preset) or vllm_<model>_tq_<preset>/ (one per preset, side by side)
+    vs = [_load(d / "pareto.json") for d in [work / vkey, work / f"{vkey}_tq", *sorted(work.glob(f"{vkey}_tq_*"))]]
     vp, rp = {}, {}
     for v in vs:
         vp.update(_points(v))
