@@ -135,10 +135,20 @@ def main(argv: list[str]) -> int:
         rows, js = table(work, model, vk, rk)
         lines += rows
         summary["rows"] += js
-        p = _load(work / vk / "pareto.json")
-        if p:
-            summary.setdefault("picks", {})[model] = {"pick": p.get("pick"), "serve": p.get("serve"),
-                                                     "reason": p.get("pick_reason")}
+        # Every pareto process picked among its own points (the smallest KV bytes meeting max_kl); the model's
+        # pick is the smallest of those picks (ties: lower KL), so a format measured in another process competes.
+        cands = []
+        for d in [work / vk, work / f"{vk}_tq", *sorted(work.glob(f"{vk}_tq_*")), work / f"{vk}_skip"]:
+            p = _load(d / "pareto.json")
+            pts = _points(p)
+            if p and p.get("pick") in pts:
+                pt = pts[p["pick"]]
+                cands.append((pt["kv_bytes_per_token"], pt.get("kl") or 0.0, p["pick"], p.get("serve"),
+                              p.get("pick_reason"), d.name))
+        if cands:
+            b, kl, key, serve, reason, step = min(cands)
+            summary.setdefault("picks", {})[model] = {"pick": key, "serve": serve, "reason": reason, "step": step,
+                                                     "candidates": [c[2] for c in sorted(cands)]}
     try:
         summary["steps"] = [ln.split("\t") for ln in (work / "steps.tsv").read_text().splitlines()]
     except OSError:
@@ -176,7 +186,8 @@ def main(argv: list[str]) -> int:
         lines.append(f"- {mode} ({m['n_samples']} samples): {groups or 'not run'}"
                      + (f"; not finished: {', '.join(missing)}" if missing else ""))
     for model, pk in (summary.get("picks") or {}).items():
-        lines += ["", f"pick ({model}, max_kl 0.02): {pk['pick']} -- `{pk['serve']}`"]
+        lines += ["", f"pick ({model}, max_kl 0.02, over {len(pk['candidates'])} pareto runs' picks: "
+                  f"{', '.join(pk['candidates'])}): {pk['pick']} -- `{pk['serve']}`"]
     md = "\n".join(lines) + "\n"
     (out / "summary.md").write_text(md, encoding="utf-8")
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
