@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 import shutil
 from pathlib import Path
@@ -145,6 +146,12 @@ def stand_in_tokenizer() -> str:
 def dummy_engine_args(model: ModelConfig, args: dict) -> dict:
     """`args` for a dummy-weight run: the architecture's config.json, load_format=dummy, the stand-in tokenizer."""
     out = dict(args)
-    out.update({"model": str(dummy_config_dir(model)), "load_format": "dummy", "tokenizer": stand_in_tokenizer()})
+    cfg_dir = dummy_config_dir(model)
+    out.update({"model": str(cfg_dir), "load_format": "dummy", "tokenizer": stand_in_tokenizer()})
     out.pop("revision", None)
+    # A multimodal architecture (Qwen3.5 is one) would make vLLM build its image processor, which needs the
+    # model's own preprocessor and tokenizer files: the stand-in has neither (the H200 start of 2026-12-03 failed
+    # on "Can't load image processor"). Text-only mode (vLLM's `language_model_only`) is what fp8eval's tasks use.
+    if "vision_config" in json.loads((cfg_dir / "config.json").read_text(encoding="utf-8")):
+        out.setdefault("language_model_only", True)
     return out

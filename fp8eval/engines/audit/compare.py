@@ -17,8 +17,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from fp8eval.core import kvformats
 from fp8eval.engines.base import EngineError
 
 CATEGORIES = ("dtype", "scales", "backend", "skip")  # also fp8eval.validate.AUDIT_CATEGORIES
@@ -119,6 +120,16 @@ def _fmt(values: list[float] | None) -> str:
     return f"[{shown}{', ...' if len(values) > 4 else ''}]"
 
 
+def with_format_boundary(request: Request, rows: list[dict]) -> Request:
+    """`request` with the layers its format keeps in the model dtype by itself (TurboQuant: the first and last two,
+    which vLLM adds to the skip list) counted as skipped, so those layers must report the model dtype."""
+    idx = [int(r["index"]) for r in rows if r.get("index") is not None]
+    if not idx or not request.kv_cache_dtype.startswith("turboquant_"):
+        return request
+    return replace(request, skip_layers=kvformats.effective_skip_layers(request.kv_cache_dtype, request.skip_layers,
+                                                                        max(idx) + 1))
+
+
 def problems(request: Request, readback: dict) -> list[dict]:
     """Every mismatch between the request and the read-back: [{category, layer, asked, got}]."""
     rows = list(readback.get("layers") or [])
@@ -126,6 +137,7 @@ def problems(request: Request, readback: dict) -> list[dict]:
     if not rows:
         return [{"category": "dtype", "layer": "-", "asked": "at least one attention layer",
                  "got": "the engine reported none"}]
+    request = with_format_boundary(request, rows)
     for row in rows:
         want, got = expected_store(request, row), _got_store(row, request.model_dtype)
         if want != got:

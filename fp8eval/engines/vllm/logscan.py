@@ -42,13 +42,25 @@ def scan_log_lines(lines: Iterable[str]) -> dict[str, list[str]]:
     return found
 
 
-def attention_backend_from_log(found: dict[str, list[str]]) -> str | None:
-    """The attention backend's name from scan_log_lines' `attention_backend` lines, or None."""
+def attention_backends_from_log(found: dict[str, list[str]]) -> list[str]:
+    """Every attention backend scan_log_lines' `attention_backend` lines name, in order, each once. vLLM picks one
+    per kind of layer: TurboQuant, for one, logs FLASH_ATTN for the BF16 boundary layers it keeps and TURBOQUANT for
+    the rest (the H200, 2026-12-03)."""
+    names: list[str] = []
     for line in found.get("attention_backend", []):
         m = INFO_PATTERNS[0][1].search(line)
-        if m:
-            return m.group(1)
-    return None
+        if m and m.group(1) not in names:
+            names.append(m.group(1))
+    return names
+
+
+def attention_backend_from_log(found: dict[str, list[str]], prefer: str | None = None) -> str | None:
+    """The attention backend's name from scan_log_lines' `attention_backend` lines, or None: `prefer` (a
+    format's own backend) when the log names it, else the first one named."""
+    names = attention_backends_from_log(found)
+    if prefer and prefer.upper() in (n.upper() for n in names):
+        return next(n for n in names if n.upper() == prefer.upper())
+    return names[0] if names else None
 
 
 # Exceptions that only wrap the real cause reported further up the log.
