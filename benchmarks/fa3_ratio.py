@@ -16,9 +16,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
+from pathlib import Path
 
-from benchmarks.prefill import compose
+# `python benchmarks/fa3_ratio.py` from the project root puts benchmarks/ on sys.path, not the root
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.prefill import compose  # noqa: E402
 
 TARGET = 1.3
 
