@@ -337,6 +337,10 @@ def test_dummy_switch_engine_args_and_fingerprint(monkeypatch):
     args = merged_engine_args(cfg, cfg.kv)
     assert args["load_format"] == "dummy" and args["tokenizer"] == "/stand-in-tokenizer"
     assert args["model"].endswith("conf/perf_models/qwen3.5-27b-1m") and "hf_overrides" not in args
+    # a multimodal architecture (a vision_config) starts text-only: the stand-in tokenizer has no image processor
+    assert args["language_model_only"] is True
+    text = compose(["model=qwen3-30b", "kv=fp8", "engine=fake", "model.dummy=true"])
+    assert "language_model_only" not in merged_engine_args(text, text.kv)
     with pytest.raises(models.ModelUnavailable, match="perf_models/nope/config.json"):
         models.dummy_config_dir(types.SimpleNamespace(name="nope"))
 
