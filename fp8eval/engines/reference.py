@@ -293,7 +293,7 @@ class ReferenceEngine:
         tok = self.tokenizer()
         ids = self.prompt_ids(req)
         sp = req.sampling
-        max_tokens = int(sp.get("max_tokens") or 256)
+        max_tokens = step_logits.request_max_tokens(req)
         if len(ids) + max_tokens > self.max_model_len():
             raise EngineError(f"request {req.id}: {len(ids)} prompt + {max_tokens} output tokens exceed "
                               f"max_model_len {self.max_model_len()} (the runner should have skipped it)")

@@ -33,8 +33,8 @@ class StepLogits:
         """A recorder for one request's steps; `keep()` stores what it saw (nothing if it outgrew the memo)."""
         return _Recorder(self, key)
 
-    def _put(self, key, tokens: list[int], rows: list) -> None:
-        size = sum(r.numel() * r.element_size() for r in rows)
+    def _put(self, key, tokens: list[int], rows: list, size: int) -> None:
+        """Store `rows` (`size` bytes in all) under `key`, dropping the oldest entries to stay within max_bytes."""
         if size > self.max_bytes:
             return
         if key in self._items:
@@ -76,7 +76,12 @@ class _Recorder:
     def keep(self, tokens: list[int]) -> None:
         """Store the rows with the tokens generated after them (row i came before token i)."""
         if self.rows is not None and self.rows:
-            self.memo._put(self.key, tokens, self.rows)
+            self.memo._put(self.key, tokens, self.rows, self.bytes)
+
+
+def request_max_tokens(req) -> int:
+    """The output tokens a reference-engine request has room for (its sampling's max_tokens, 256 when unset)."""
+    return int(req.sampling.get("max_tokens") or 256)
 
 
 def _memo(engine) -> StepLogits:
@@ -104,7 +109,7 @@ def forced_logits(engine, req, prompt: list[int], prefix: list[int]):
     prefilled in chunks into a cache with the generation's room, then one decode step per forced token."""
     import torch
 
-    max_tokens = int(req.sampling.get("max_tokens") or 256)
+    max_tokens = request_max_tokens(req)
     row = _memo(engine).row(_key(engine, prompt, max_tokens), prefix)
     if row is not None:
         return row

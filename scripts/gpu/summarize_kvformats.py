@@ -44,10 +44,15 @@ def _points(p: dict | None) -> dict:
     return {pt["key"]: pt for pt in (p or {}).get("points", [])}
 
 
+def _vllm_steps(work: Path, vkey: str) -> list[Path]:
+    """A model's vLLM pareto steps: vllm_<model>/ (plain formats), vllm_<model>_tq/ (one process for every
+    TurboQuant preset) or vllm_<model>_tq_<preset>/ (one per preset, side by side)."""
+    return [work / vkey, work / f"{vkey}_tq", *sorted(work.glob(f"{vkey}_tq_*"))]
+
+
 def table(work: Path, model: str, vkey: str, rkey: str) -> tuple[list[str], list[dict]]:
     """Markdown rows and JSON rows for one model."""
-    # vllm_<model>_tq/ (one process for every preset) or vllm_<model>_tq_<preset>/ (one per preset, side by side)
-    vs = [_load(d / "pareto.json") for d in [work / vkey, work / f"{vkey}_tq", *sorted(work.glob(f"{vkey}_tq_*"))]]
+    vs = [_load(d / "pareto.json") for d in _vllm_steps(work, vkey)]
     vp, rp = {}, {}
     for v in vs:
         vp.update(_points(v))
@@ -98,9 +103,9 @@ def overlay(new: Path, old: Path, into: Path) -> dict:
         if name == "steps.tsv":
             continue
         a, b = new / name, old / name
-        result = (lambda d: d / "pareto.json" if not d.name.startswith("niah_") else d / "summary.json")
         if a.is_dir():
-            use = a if result(a).exists() or not b.is_dir() else b
+            result = a / ("summary.json" if name.startswith("niah_") else "pareto.json")
+            use = a if result.exists() or not b.is_dir() else b
         else:
             use = a if a.exists() else b
         (into / name).symlink_to(use.resolve(), target_is_directory=use.is_dir())
@@ -138,7 +143,7 @@ def main(argv: list[str]) -> int:
         # Every pareto process picked among its own points (the smallest KV bytes meeting max_kl); the model's
         # pick is the smallest of those picks (ties: lower KL), so a format measured in another process competes.
         cands = []
-        for d in [work / vk, work / f"{vk}_tq", *sorted(work.glob(f"{vk}_tq_*")), work / f"{vk}_skip"]:
+        for d in [*_vllm_steps(work, vk), work / f"{vk}_skip"]:
             p = _load(d / "pareto.json")
             pts = _points(p)
             if p and p.get("pick") in pts:

@@ -66,16 +66,16 @@ def kv_mismatches(requested: dict[str, Any], effective: dict[str, Any]) -> list[
             problems.append(f"kv_cache_dtype_skip_layers: the arm asks for {want_skip}, the engine runs {got_skip}")
     elif want_skip:
         problems.append(f"the engine does not report kv_cache_dtype_skip_layers (the arm asks for {want_skip})")
-    fmt = kvformats.FORMATS.get(want)
+    only = format_backend(requested)
     backend = str(effective.get("attention_backend") or "").upper()
     others = [str(b).upper() for b in effective.get("attention_backends") or [] if str(b).upper() != backend]
     # Formats only one backend can run (per-token-head: TRITON_ATTN; TurboQuant: its own) must report it.
-    if fmt is not None and fmt.family in ("per_token_head", "turboquant") and backend and fmt.backend not in backend:
-        problems.append(f"backend: kv_cache_dtype={want} runs on {fmt.backend}, the engine reports {backend}")
+    if only and backend and only not in backend:
+        problems.append(f"backend: kv_cache_dtype={want} runs on {only}, the engine reports {backend}")
     # TurboQuant's BF16 boundary layers run on another backend (FLASH_ATTN on the H200); per-token-head formats
     # have no such layers of their own, so another backend there means layers left the format (unless skipped).
-    elif fmt is not None and fmt.family == "per_token_head" and others and not want_skip:
-        problems.append(f"backend: kv_cache_dtype={want} runs every layer on {fmt.backend}, the engine also reports "
+    elif only and kvformats.FORMATS[want].family == "per_token_head" and others and not want_skip:
+        problems.append(f"backend: kv_cache_dtype={want} runs every layer on {only}, the engine also reports "
                         f"{', '.join(others)}")
     return problems
 
