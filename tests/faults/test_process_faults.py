@@ -61,7 +61,10 @@ def test_sigint_ends_with_one_line_and_keeps_records(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "fp8eval", "engine=fake", "task.lengths=[1024,2048]",
                              "task.depths=[0,25,50,75,100]", "+engine.engine_args.fake_delay_s=0.3",
                              f"records_dir={tmp_path / 'records'}", "progress=false", "report=false"],
-                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            # Ctrl-C as a terminal delivers it: a run started in the background of a shell without
+                            # job control inherits SIGINT ignored, and Python then keeps it ignored (as it should)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and not any(
             p.stat().st_size for p in (tmp_path / "records").glob("niah/*.jsonl")):
