@@ -67,9 +67,12 @@ one_model() {
     arms="$arms fp8_skip_sw"
   fi
   [[ -n "${LAYERS[$m]:-}" ]] && extra="++engine.engine_args.hf_overrides=${LAYERS[$m]}"
-  # Gated DeltaNet layers: vLLM 0.26.0 picks FlashInfer's GDN prefill on SM90 ("auto", JIT-compiled at the first
-  # prefill), which the offline bundle lacks; its Triton/FLA kernel instead (an EngineArgs name, passed through)
-  [[ -z "${DRY:-}" && $m == qwen3.5* ]] && extra="$extra ++engine.engine_args.gdn_prefill_backend=triton"
+  # Gated DeltaNet layers (layer type linear_attention in its config.json): vLLM 0.26.0 picks FlashInfer's GDN
+  # prefill on SM90 ("auto", JIT-compiled at the first prefill), which the offline bundle lacks; its Triton/FLA
+  # kernel instead (an EngineArgs name, passed through)
+  if [[ -z "${DRY:-}" ]] && grep -q '"linear_attention"' "conf/perf_models/$m/config.json" 2>/dev/null; then
+    extra="$extra ++engine.engine_args.gdn_prefill_backend=triton"
+  fi
   for kv in $arms; do
     local t0; t0=$(date +%s)
     $PY -m fp8eval.knobaudit start --out "$WORK/starts/$m.$kv.json" model=$m kv=$kv $ENG $COMMON $extra \

@@ -94,14 +94,17 @@ def merge(new: dict, old: dict) -> dict:
     return out
 
 
+USAGE = "usage: summarize_models.py models.json [--over PREVIOUS_models.json]"
+
+
 def main() -> int:
     """CLI: summarize_models.py models.json [--over PREVIOUS_models.json] > table.md"""
     args = sys.argv[1:]
     if args in (["-h"], ["--help"]):
-        print("usage: summarize_models.py models.json [--over PREVIOUS_models.json]  (the markdown table on stdout)")
+        print(f"{USAGE}  (the markdown table on stdout)")
         return 0
     if len(args) not in (1, 3) or (len(args) == 3 and args[1] != "--over"):
-        print("usage: summarize_models.py models.json [--over PREVIOUS_models.json]", file=sys.stderr)
+        print(USAGE, file=sys.stderr)
         return 2
     data = json.loads(Path(args[0]).read_text())
     if len(args) == 3:
