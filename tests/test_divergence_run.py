@@ -117,7 +117,7 @@ def test_vllm_worker_prompt_logprobs_parsing(monkeypatch):
     import types
     from dataclasses import dataclass
 
-    from fp8eval.engines.vllm_offline import _Worker
+    from fp8eval.engines.vllm import prompt_ops
 
     @dataclass
     class Lp:
@@ -137,10 +137,9 @@ def test_vllm_worker_prompt_logprobs_parsing(monkeypatch):
             plp = [None, {7: Lp(-0.1, 1), 8: Lp(-2.0, 2), 3: Lp(-9.0, 40)}, {9: Lp(-0.5, 1), 4: Lp(-1.0, 2)}]
             return [types.SimpleNamespace(prompt_logprobs=plp)]
 
-    w = _Worker(out=None)
-    w.llm = LLM()
-    got = w.prompt_logprobs([1, 3, 4], 2)
-    assert got["ids"] == [[7, 8], [9, 4]] and got["logprobs"] == [[-0.1, -2.0], [-0.5, -1.0]]
+    (ids, lps, own), = prompt_ops.prompt_logprobs(LLM(), [[1, 3, 4]], 2)
+    assert ids == [[7, 8], [9, 4]] and lps == [[-0.1, -2.0], [-0.5, -1.0]]
+    assert own == [-9.0, -1.0]  # each prompt token's own log-prob, also below the top k (the path gap reads it)
 
 
 def test_bf16_control_arm_is_not_collapsed_into_its_baseline(tmp_path, monkeypatch):

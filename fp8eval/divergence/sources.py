@@ -3,7 +3,8 @@
 - reference: the final hidden state at every position (one prefill through the emulated cache, in the
   engine's prefill chunks); logits are made from it only when compared (lm_head per slice), so an 8k x 49k
   logit matrix never exists whole and the kept per-passage result is small.
-- vllm: the top-k of vLLM's `prompt_logprobs` at every position (vLLM returns no full distributions).
+- vllm: the top-k of vLLM's `prompt_logprobs` at every position (vLLM returns no full distributions), or of its
+  decode steps with the passage forced (`divergence.path=decode`, fp8eval.engines.vllm.forced).
 """
 
 from __future__ import annotations
@@ -28,12 +29,32 @@ def source_kind(engine) -> str:
     return kind
 
 
-def compute(engine, ids: tuple[int, ...], topk: int) -> dict[str, np.ndarray]:
-    """One passage through one arm: {"hidden": [L, d]} or {"ids": [L-1, k], "logprobs": [L-1, k]}."""
+def compute(engine, ids: tuple[int, ...], topk: int, path: str = "prefill") -> dict[str, np.ndarray]:
+    """One passage through one arm on one kernel path (fp8eval.divergence.paths): {"hidden": [L, d]} or {"ids":
+    [L-1, k], "logprobs": [L-1, k](, "token_logprobs": [L-1])}."""
     if source_kind(engine) == "hidden":
-        return {"hidden": reference_hidden(engine, ids)}
-    got_ids, got_lp = engine.prompt_logprobs(list(ids), topk)
-    return {"ids": np.asarray(got_ids, dtype=np.int64), "logprobs": np.asarray(got_lp, dtype=np.float32)}
+        return {"hidden": reference_hidden(engine, ids) if path == "prefill" else engine.decode_hidden(list(ids))}
+    return topk_result(topk_rows(engine, path)([list(ids)], topk)[0])
+
+
+def topk_rows(engine, path: str):
+    """The engine's call that gives several passages' top-k rows on `path` in one go (EngineError when it has none)."""
+    if path == "decode":
+        if not callable(getattr(engine, "decode_logprobs_many", None)):
+            raise EngineError(f"the {getattr(engine, 'kind', '?')} engine here has no decode-path log-probs; use "
+                              f"divergence.path=prefill")
+        return engine.decode_logprobs_many
+    if callable(getattr(engine, "prompt_logprobs_many", None)):
+        return engine.prompt_logprobs_many
+    return lambda batch, k: [engine.prompt_logprobs(ids, k) for ids in batch]
+
+
+def topk_result(row) -> dict[str, np.ndarray]:
+    """(top-k ids, top-k log-probs[, own token's log-probs]) as the arrays kept per passage."""
+    out = {"ids": np.asarray(row[0], dtype=np.int64), "logprobs": np.asarray(row[1], dtype=np.float32)}
+    if len(row) > 2:
+        out["token_logprobs"] = np.asarray(row[2], dtype=np.float32)
+    return out
 
 
 def reference_hidden(engine, ids: tuple[int, ...]) -> np.ndarray:

@@ -101,7 +101,10 @@ class ReferenceEngine:
                    "scale_strategy": self.kv.scale_strategy, "quantize_attention": self.kv.quantize_attention,
                    # only where they change a number: records made before these knobs keep their fingerprint
                    **emulation_in_effect({k: getattr(self.kv, k) for k in KV_EMULATION_DEFAULTS},
-                                         self.cache_dtype)},
+                                         self.cache_dtype),
+                   # FA3's decode tiles and split-KV in decode steps (issue 35): those arms' decode numbers changed
+                   **({"fa3_decode": "one_mma_wg_split_kv"} if self.kv.attention == "fa3_fp8" and not
+                      self.kv.quantize_attention and self.cache_dtype in ("fp8", "fp8_e4m3", "fp8_e5m2") else {})},
             "engine_args": dict(e.engine_args),
             # Reproducible CPU numerics (fp8eval/engines/cpu_numerics.py); absent on GPU, whose fingerprints stay.
             **({"cpu_numerics": _cpu_numerics()} if self._device_name() == "cpu" else {}),
@@ -362,6 +365,26 @@ class ReferenceEngine:
         out = self._model(input_ids=tokens.to(self._device_name()), past_key_values=cache, use_cache=True,
                           logits_to_keep=1)
         return out.logits[:, -1, :]
+
+    def decode_hidden(self, ids: list[int]):
+        """The last hidden state (after the final norm) at every position of `ids` as the decode path computes it: the
+        first token alone, then one decode step per token through this arm's cache, in a cache with room for all of them
+        (what generation runs); numpy [len(ids), hidden]. `python -m fp8eval.divergence divergence.path=decode`."""
+        import torch
+
+        from fp8eval.engines.reserved_cache import reserved_cache
+
+        self._load()
+        self._shared["active_policy"] = self._policy
+        x = torch.tensor([list(ids)], device=self._device_name())
+        rows = []
+        with torch.inference_mode():
+            cache = reserved_cache(self._model.config, len(ids))
+            for i in range(len(ids)):
+                h = self._model.model(input_ids=x[:, i:i + 1], past_key_values=cache, use_cache=True).last_hidden_state
+                rows.append(h[0, -1].float().cpu())
+        self.computed_prefill_tokens += 1
+        return torch.stack(rows).numpy()
 
     # --- scoring (lm-eval loglikelihood) ---------------------------------------------------------------
     def loglikelihood(self, requests: Iterable[Request]) -> Iterator[Completion]:

@@ -102,23 +102,25 @@ def count_many(worker, reqs: list[dict]) -> list[int]:
     return [n if n is not None else len(_encode(tok, text, special)) for n, (text, special) in zip(out, texts)]
 
 
-def prompt_logprobs(llm, batch: list[list[int]], k: int) -> list[tuple[list[list[int]], list[list[float]]]]:
+def prompt_logprobs(llm, batch: list[list[int]], k: int) -> list[tuple[list, list, list]]:
     """For each prompt of `batch` (sent to vLLM together, so they may share batches): the top-k (token id,
-    log-prob) after each of positions 0..len-2, two [len-1, k] lists."""
+    log-prob) after each of positions 0..len-2, two [len-1, k] lists, and the log-prob of the prompt's own next token
+    there (prefill path; fp8eval.engines.vllm.forced gives the same from decode steps)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k)
     outs = llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in batch], params, use_tqdm=False)
     result = []
-    for out in outs:
-        rows_ids, rows_lp = [], []
-        for entry in list(out.prompt_logprobs)[1:]:
+    for ids, out in zip(batch, outs):
+        rows_ids, rows_lp, own = [], [], []
+        for t, entry in zip(ids[1:], list(out.prompt_logprobs)[1:]):
             # Each entry holds the top-k plus the prompt's own token (which may rank below k): keep the k best.
             best = sorted(entry.items(), key=lambda item: -float(item[1].logprob))[:k]
             rows_ids.append([int(t) for t, _ in best])
             rows_lp.append([float(lp.logprob) for _, lp in best])
-        result.append((rows_ids, rows_lp))
+            own.append(float(entry[int(t)].logprob) if int(t) in entry else float("nan"))
+        result.append((rows_ids, rows_lp, own))
     return result
 
 
