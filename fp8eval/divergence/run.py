@@ -180,7 +180,8 @@ def _compute_arm(cfg, engine, arm, docs, records: Path, out, path: str = "prefil
     fp, material = arm_fingerprint(cfg, engine, arm, kind, control, path)
     cache = ArmCache(records, fp, material)
     got = {p.key: cache.load(p) for p in docs}
-    need_own = kind == "topk" and str(cfg.divergence.path) == "both"  # the path gap reads each token's log-prob
+    # the path gap reads each token's own log-prob, which an engine with prompt_logprobs_many returns
+    need_own = kind == "topk" and str(cfg.divergence.path) == "both" and hasattr(engine, "prompt_logprobs_many")
     todo = [p for p in docs if got[p.key] is None or (need_own and "token_logprobs" not in got[p.key])]
     batch = max(1, int(cfg.divergence.batch)) if kind == "topk" else 1
     for i in range(0, len(todo), batch):
