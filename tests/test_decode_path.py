@@ -133,3 +133,52 @@ def test_reference_both_paths_on_smollm2(tmp_path):
     assert 0 < gap["bf16"]["overall"]["mean_abs"] < gap["fp8"]["overall"]["mean_abs"]
     assert res["paths"]["decode"]["overall"]["n_tokens"] == 23 == res["paths"]["prefill"]["overall"]["n_tokens"]
     assert res["kernel_path"] == "decode" and res["overall"] == res["paths"]["decode"]["overall"]
+
+
+def test_vllm_anatomy_reads_the_decode_step_where_the_arm_answered(monkeypatch):
+    """vLLM's teacher forcing: the prefill view (prompt_logprobs) and the arm's generation replayed with log-probs; the
+    row is the replay's step at the parting position (path decode), the prefill view beside it; a replay that leaves
+    the shared tokens falls back to the prefill view and says why."""
+    from fp8eval.engines.vllm import prompt_ops
+
+    fake = types.ModuleType("vllm")
+    fake.SamplingParams = lambda **kw: types.SimpleNamespace(**kw)
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.TokensPrompt = lambda prompt_token_ids: list(prompt_token_ids)
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+
+    @dataclass
+    class Lp:
+        logprob: float
+        rank: int
+
+    class Tok:
+        eos_token_id = 0
+
+        def encode(self, text, add_special_tokens=True):
+            return [int(w) for w in text.split()]
+
+        def decode(self, ids):
+            return " ".join(str(i) for i in ids)
+
+    class LLM:
+        replay = [4, 5, 9]
+
+        def generate(self, prompts, params, use_tqdm=False):
+            if getattr(params, "prompt_logprobs", None):  # prefill view: prompt [1, 2] + forced [4, 5, 6]
+                plp = [None] * 4 + [{6: Lp(-2.5, 3), 9: Lp(-0.3, 1)}]
+                return [types.SimpleNamespace(prompt_logprobs=plp)]
+            assert prompts == [[1, 2]] and params.max_tokens == 3 and params.logprobs == 20
+            steps = [{4: Lp(-0.1, 1)}, {5: Lp(-0.2, 1)}, {9: Lp(-0.4, 1), 6: Lp(-2.0, 2)}]
+            return [types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=self.replay, logprobs=steps)])]
+
+    worker = types.SimpleNamespace(tokenizer=Tok(), llm=LLM(), prompt_ids=lambda req: [1, 2],
+                                   sampling_params=lambda req, n: types.SimpleNamespace(temperature=0.0))
+    got = prompt_ops.teacher_force(worker, {}, "4 5 6", "4 5 9")
+    assert got["part_position"] == 2 and got["path"] == "decode"
+    assert got["logprob"] == -2.0 and got["rank"] == 2 and got["top1_token"] == "9"
+    assert got["logprob_prefill"] == -2.5 and got["rank_prefill"] == 3
+    worker.llm.replay = [4, 7, 9]  # the replay took another token before the parting position
+    got = prompt_ops.teacher_force(worker, {}, "4 5 6", "4 5 9")
+    assert got["path"] == "prefill" and got["logprob"] == -2.5 and "did not re-generate" in got["decode_view"]

@@ -436,8 +436,8 @@ class ReferenceEngine:
 
     # --- teacher forcing (the anatomy of a flip, fp8eval.engines.forcing) -------------------------------
     def teacher_force(self, req: Request, forced_text: str, other_text: str) -> dict:
-        """The arm's logits after the prompt and the forced tokens before the parting position, as its generation
-        computes them: chunked prefill, then one decode step per token (fp8eval.engines.step_logits.forced_logits)."""
+        """The arm's logits after the prompt and the forced tokens before the parting position as its generation computes
+        them (chunked prefill, then decode steps: step_logits.forced_logits), and the prefill view of that position."""
         import torch
 
         from fp8eval.engines import forcing, step_logits
@@ -449,13 +449,13 @@ class ReferenceEngine:
         forced = tok(forced_text, add_special_tokens=False)["input_ids"]
         other = tok(other_text, add_special_tokens=False)["input_ids"]
         ids, p = forcing.forced_ids(forced, other, tok.eos_token_id)
-        row = None
+        row = prefill = None
         if p < len(ids):
-            logits = step_logits.forced_logits(self, req, prompt, ids[:p])
-            logp = torch.log_softmax(logits.float(), -1)
-            lp = float(logp[ids[p]])
-            row = {"logprob": lp, "rank": int((logp > logp[ids[p]]).sum()) + 1, "top1": int(logp.argmax())}
-        return forcing.answer(p, forced, other, row, lambda t: tok.decode([t]))
+            row = forcing.row_from_logits(step_logits.forced_logits(self, req, prompt, ids[:p]), ids[p])
+            with torch.inference_mode():  # the same position from one prefill of prompt + forced tokens (issue 35)
+                prefill = forcing.row_from_logits(self._prefill(prompt + ids[:p], len(prompt) + p, count=False)[1][0], ids[p])
+        return forcing.answer(p, forced, other, row, lambda t: tok.decode([t]), path="decode" if p else "prefill",
+                              prefill=prefill if p else None)
 
     def close(self) -> None:
         self._model = None

@@ -124,10 +124,34 @@ def prompt_logprobs(llm, batch: list[list[int]], k: int) -> list[tuple[list, lis
     return result
 
 
+REPLAY_LOGPROBS = 20  # vLLM's default max_logprobs: a baseline token ranked below it has no decode-path log-prob
+
+
+def _replayed_row(worker, req: dict, prompt: list[int], ids: list[int], p: int) -> tuple[dict | None, str]:
+    """The decode path at the parting position `p` (issue 35): this arm's own generation replayed with the request's
+    sampling (greedy, or its seed) and log-probs, so step p is a decode step after the tokens the arm generated itself.
+    (row, "") when the replay re-generates ids[:p], else (None, why). The row's log-prob and rank (Logprob.rank) are the
+    baseline token's when it is among the REPLAY_LOGPROBS returned, else None."""
+    from vllm.inputs import TokensPrompt
+
+    params = worker.sampling_params(req, len(prompt))
+    params.max_tokens, params.logprobs = p + 1, REPLAY_LOGPROBS
+    got = worker.llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)[0].outputs[0]
+    if list(got.token_ids[:p]) != list(ids[:p]) or len(got.logprobs or []) <= p:
+        return None, "the replay of this arm's generation did not re-generate the shared tokens"
+    entry = got.logprobs[p]
+    top = min(entry.items(), key=lambda item: (getattr(item[1], "rank", None) or 1 << 30, -float(item[1].logprob)))
+    lp = entry.get(int(ids[p]))
+    return {"logprob": float(lp.logprob) if lp else None, "rank": getattr(lp, "rank", None) if lp else None,
+            "top1": int(top[0])}, ""
+
+
 def teacher_force(worker, req: dict, forced_text: str, other_text: str) -> dict:
     """The anatomy of one flip (fp8eval.engines.forcing): the prompt and the baseline's completion up to the
     parting token prefilled once with prompt_logprobs=1, which gives the forced token's log-probability, its
-    rank (vLLM's Logprob.rank; 1 = this arm's greedy choice) and this arm's most likely token there."""
+    rank (vLLM's Logprob.rank; 1 = this arm's greedy choice) and this arm's most likely token there: the prefill view.
+    After the first token, the decode view where the arm produced its answer (`_replayed_row`) is the row's, with the
+    prefill view beside it; `path` says which one the row holds."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -146,4 +170,7 @@ def teacher_force(worker, req: dict, forced_text: str, other_text: str) -> dict:
         lp = entry[int(ids[p])]
         top = min(entry.items(), key=lambda item: (getattr(item[1], "rank", None) or 1 << 30, -float(item[1].logprob)))
         row = {"logprob": float(lp.logprob), "rank": getattr(lp, "rank", None), "top1": int(top[0])}
-    return forcing.answer(p, forced, other, row, lambda t: tok.decode([t]))
+    decoded, why = _replayed_row(worker, req, prompt, ids, p) if row is not None and p > 0 else (None, "")
+    out = forcing.answer(p, forced, other, decoded or row, lambda t: tok.decode([t]), path="decode" if decoded else
+                         "prefill", prefill=row if decoded else None)
+    return {**out, **({"decode_view": why} if why else {})}
