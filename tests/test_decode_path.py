@@ -182,3 +182,18 @@ def test_vllm_anatomy_reads_the_decode_step_where_the_arm_answered(monkeypatch):
     worker.llm.replay = [4, 7, 9]  # the replay took another token before the parting position
     got = prompt_ops.teacher_force(worker, {}, "4 5 6", "4 5 9")
     assert got["path"] == "prefill" and got["logprob"] == -2.5 and "did not re-generate" in got["decode_view"]
+
+
+def test_sensitivity_path_is_validated_and_enters_the_fingerprint_only_when_decode():
+    from types import SimpleNamespace as NS
+
+    from fp8eval.sensitivity.cache import fingerprint
+    from fp8eval.sensitivity.config import SensitivityConfig, validate
+
+    assert validate(SensitivityConfig(path="decode")) == []
+    assert validate(SensitivityConfig(path="both")) == ["sensitivity.path='both'; valid: prefill, decode"]
+    kv = {"name": "fp8", "engine_args": {"kv_cache_dtype": "fp8"}}
+    cfg = lambda path: NS(model={"name": "m"}, sensitivity=NS(edges=[0, 256], path=path))  # noqa: E731
+    legacy = NS(model={"name": "m"}, sensitivity=NS(edges=[0, 256]))  # a config from before the knob
+    fps = {p: fingerprint(cfg(p), {"kind": "reference"}, kv, kv)[0] for p in ("prefill", "decode")}
+    assert fps["prefill"] == fingerprint(legacy, {"kind": "reference"}, kv, kv)[0] != fps["decode"]

@@ -69,6 +69,8 @@ def fingerprint(cfg, describe: dict, variant_kv, baseline_kv) -> tuple[str, dict
         engine["kv"] = {**engine["kv"], "skip_layers": normal_skip(engine["kv"]["skip_layers"])}
     material = {"sensitivity_schema": SCHEMA, "model": model, "engine": engine, "kv": _kv_view(variant_kv),
                 "baseline": _kv_view(baseline_kv), "edges": [int(e) for e in cfg.sensitivity.edges]}
+    if str(getattr(cfg.sensitivity, "path", "prefill")) != "prefill":  # only then: prefill runs keep theirs
+        material["path"] = str(cfg.sensitivity.path)
     return fingerprint_hash(material), material
 
 

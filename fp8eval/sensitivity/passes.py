@@ -55,6 +55,7 @@ class Passes:
             raise SensitivityError(f"kv={cfg.kv.name} keeps a {self.engine.cache_dtype} cache: nothing to rank. "
                                    f"Use an FP8 kv option (kv=fp8, fp8_e5m2, fp8_calibrated, fp8_per_head).")
         self.ignored_skip = list(self.engine.skip_layers)
+        self.path = str(getattr(getattr(cfg, "sensitivity", None), "path", "prefill"))
         self.engine._load()
         base._load()
         self.tokenizer = self.engine.tokenizer()
@@ -85,11 +86,12 @@ class Passes:
             raise SensitivityError(str(e)) from e
 
     def hidden(self, policy: KVPolicy, ids) -> np.ndarray:
-        """Final hidden states [T, hidden] of one prefill with `policy` as every layer's cache."""
+        """Final hidden states [T, hidden] of one pass with `policy` as every layer's cache: one prefill, or decode steps
+        (sensitivity.path=decode)."""
         own = self.engine._policy
-        self.engine._policy = policy  # what the probe's prefill activates
+        self.engine._policy = policy  # what the probe's prefill (and decode_hidden) activates
         try:
-            return sources.reference_hidden(self.engine, tuple(ids))
+            return sources.compute(self.engine, tuple(ids), 0, self.path)["hidden"]
         finally:
             self.engine._policy = own
 
