@@ -241,21 +241,19 @@ def _fa3_rows(s, v, fmt, block_n, accumulation, scratch=None, lse=False):
 
 
 def _fa3_split_rows(s, v, fmt, block_n, accumulation, splits, scratch=None):
-    """FA3's split-KV decode: each split's keys through _fa3_rows with its own running max, the splits' FP32 outputs
-    combined by their log-sum-exps (hopper/flash_fwd_combine_kernel.h: scale_i = exp(lse_i - logsumexp(lse)))."""
-    ranges = split_ranges(s.shape[-1], block_n, splits)
+    """FA3's split-KV decode: each split's keys through _fa3_rows with its own running max (all splits at once, the
+    last one padded with invisible keys), the splits' FP32 outputs combined by their log-sum-exps
+    (hopper/flash_fwd_combine_kernel.h: scale_i = exp(lse_i - logsumexp(lse)))."""
+    lk = s.shape[-1]
+    ranges = split_ranges(lk, block_n, splits)
     if len(ranges) == 1:
         return _fa3_rows(s, v, fmt, block_n, accumulation, scratch)
-    outs, lses = [], []
-    for a, b in ranges:
-        o, l_ = _fa3_rows(s[..., a:b].contiguous(), v[..., a:b, :], fmt, block_n, accumulation, scratch, lse=True)
-        outs.append(o)
-        lses.append(l_)
-    lse = torch.stack(lses, -1)  # [.., rows, splits]
-    top = torch.nan_to_num(lse.amax(-1, keepdim=True), nan=0.0, posinf=0.0, neginf=0.0)
-    w = torch.exp(lse - top)
-    w = w / w.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
-    return sum(w[..., i:i + 1] * outs[i] for i in range(len(outs)))
+    ns, span = len(ranges), ranges[0][1] - ranges[0][0]
+    pad = ns * span - lk
+    sp = torch.nn.functional.pad(s, (0, pad), value=float("-inf")).unflatten(-1, (ns, span)).transpose(-2, -3)
+    vp = torch.nn.functional.pad(v, (0, 0, 0, pad)).unflatten(-2, (ns, span))  # [.., splits, keys, D]
+    o, lse = _fa3_rows(sp.contiguous(), vp, fmt, block_n, accumulation, lse=True)  # [.., splits, rows, D], [.., splits, rows]
+    return (torch.softmax(lse, dim=-2).unsqueeze(-1) * o).sum(-3)
 
 
 def _exp_in_place(s: torch.Tensor) -> torch.Tensor:
