@@ -74,13 +74,15 @@ def fa3_block_n(head_dim: int, sliding: bool = False) -> int:
     return 64 if sliding else 128
 
 
-# FA3's decode path (vllm-project/flash-attention, hopper/; read at 28e862d, the FA pin of vLLM's July 2026 tree):
-# a batch whose rows (query tokens x query heads per KV head) fit one 64-row warpgroup runs the "one MMA warpgroup"
-# FP8 tiles (hopper/heuristics.h `use_one_mma_wg`: sm90, head_dim 64 or 128, not local, seqlen_q * (h / h_k) <= 64;
-# hopper/tile_size.h lines 55-61, `// Decode tiles`: kBlockN 128 for head_dim <= 96, else 96), against the prefill
-# tiles of fa3_block_n. A decode step also splits the keys (split-KV, `num_splits` below): each split runs the online
-# softmax over its own blocks with its own running max, and the combine kernel merges the splits' FP32 outputs by
-# their log-sum-exps (hopper/flash_fwd_combine_kernel.h).
+# FA3's decode path (vllm-project/flash-attention, hopper/, read at 28e862d, the FA pin of vLLM's July 2026 tree; the
+# decode tiles are the same at 7d346be, January 2026): a batch whose rows (query tokens x query heads per KV head) fit
+# one 64-row warpgroup runs the "one MMA warpgroup" FP8 tiles (heuristics.h lines 10-13 `use_one_mma_wg`: sm90,
+# head_dim 64 or 128, not local, seqlen_q * (h / h_k) <= 64; tile_size.h lines 55-61, "Decode tiles": kBlockN 128 for
+# head_dim <= 96, else 96), not the prefill tiles of fa3_block_n. A decode step also splits the keys (split-KV): the
+# static count from get_num_splits (flash_api.cpp lines 468-498, heuristics.h lines 32-64), the dynamic one from
+# flash_prepare_scheduler.cu lines 159-161, ceil(n_blocks / splits) blocks a split (block.h line 59); each split runs
+# the online softmax over its own blocks with its own running max, and the combine kernel weighs the splits' FP32
+# outputs by exp(lse_i - logsumexp) (flash_fwd_combine_kernel.h lines 582-606).
 FA3_DECODE_ROWS = 64  # rows of one MMA warpgroup (kBlockM of the decode tiles)
 FA3_NUM_SM = 132  # SMs of an H100 / H200 SXM: FA3's split heuristics spread the work over them
 FA3_MAX_SPLITS = 128  # the cap get_num_splits passes (hopper/flash_api.cpp)
