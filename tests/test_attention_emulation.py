@@ -123,6 +123,9 @@ def test_fa3_decode_tiles_and_splits_follow_fa3s_heuristics():
     ranges = AE.split_ranges(4096, 128, 28)
     assert len(ranges) == 16 and ranges[0] == (0, 256) and ranges[-1] == (3840, 4096)
     assert AE.split_ranges(300, 128, 1) == [(0, 300)]
+    # gemma3-270m's full-attention layers (head_dim 256, 1 KV head): the prefill tiles, split all the same: 2048 keys are
+    # 16 blocks; occupancy s / 132 is best at s = 16, 85 % first at s = 14; ceil(16 / 14) = 2 blocks a split: 8 splits
+    assert AE.fa3_num_splits(16, kv_heads=1) == 14 and len(AE.split_ranges(2048, AE.fa3_block_n(256), 14)) == 8
 
 
 def test_fa3_decode_step_splits_the_keys_and_stays_close_to_exact():

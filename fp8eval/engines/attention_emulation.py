@@ -403,8 +403,9 @@ def emulated_attention(query, key, value, attention_mask, scaling: float, *, mod
             s.view(b, kvh, groups, n, end)[..., end - n:].masked_fill_(_upper_triangle(n, q.device), float("-inf"))
         else:
             _mask_in_place(s.view(b, kvh, groups, n, end), ms, kvh, groups)
-        if mode == "fa3_fp8" and decode_n is not None and lq == 1:  # a decode step: decode tiles, split-KV
-            o = _fa3_split_rows(s, vs, fmt, decode_n, accumulation, fa3_num_splits(-(-end // decode_n), kvh, b), scratch)
+        if mode == "fa3_fp8" and lq == 1 and not sliding:  # a decode step: the decode tiles where FA3 takes them, split-KV
+            bn = decode_n or fa3_block_n(d, sliding)
+            o = _fa3_split_rows(s, vs, fmt, bn, accumulation, fa3_num_splits(-(-end // bn), kvh, b), scratch)
         elif mode == "fa3_fp8":
             o = _fa3_rows(s, vs, fmt, decode_n or fa3_block_n(d, sliding), accumulation, scratch)
         elif mode == "qp_unit_scale":
