@@ -96,7 +96,9 @@ def decode_logprobs(llm, batch: list[list[int]], k: int) -> list[tuple[list, lis
         if list(got.token_ids) != want:
             same = next((i for i, (a, b) in enumerate(zip(got.token_ids, want)) if a != b), min(len(got.token_ids), len(want)))
             raise RuntimeError(f"forced decoding followed the passage for {same} of {len(want)} tokens: start vLLM "
-                               f"with logits_processors=['{FQCN}'] (python -m fp8eval.divergence does)")
+                               f"with logits_processors=['{FQCN}'] (python -m fp8eval.divergence does); if it was, "
+                               f"the processor read the step from the length of the request's output ids, which this "
+                               f"vLLM keeps otherwise (try ++engine.engine_args.async_scheduling=false)")
         rows_ids, rows_lp, own = [], [], []
         for t, entry in zip(want, got.logprobs):
             best = sorted(entry.items(), key=lambda item: -float(item[1].logprob))[:k]
