@@ -21,14 +21,12 @@ ENGINES: dict[str, str] = {
 def resolve_kind(cfg: RunConfig) -> str:
     """`auto`: vLLM where it can run the model (installed, a CUDA GPU, weights it can load), else the
     reference engine. So `python -m fp8eval model=qwen3-30b kv=fp8` is one command on a GPU box and on a
-    laptop, and the embedded GGUF models always take the reference engine."""
+    laptop; without vLLM on a GPU the embedded models (and local model directories) take the reference engine."""
     kind = cfg.engine.kind
     if kind != "auto":
         return kind
     import importlib.util
 
-    if cfg.model.embedded_package:
-        return "reference"
     gpu, why = False, "vLLM is not installed"
     if importlib.util.find_spec("vllm") is not None:
         try:
@@ -37,9 +35,9 @@ def resolve_kind(cfg: RunConfig) -> str:
             gpu, why = torch.cuda.is_available(), "no CUDA GPU is visible"
         except ImportError:
             why = "torch is not installed"
-    if gpu:
+    if gpu:  # the embedded models too: vLLM loads their GGUF converted to safetensors (fp8eval.models)
         return "vllm"
-    if _is_local_dir(cfg.model.hf_id):
+    if cfg.model.embedded_package or _is_local_dir(cfg.model.hf_id):
         return "reference"
     # A hub model (the 8B-1T models of conf/model/) on a machine that cannot run vLLM: the reference engine
     # would download and run it on the CPU for hours. Say so at once instead.
