@@ -69,6 +69,28 @@ def build_engine(cfg: RunConfig, arm: ArmSpec, shared: dict | None = None, kind:
     return getattr(importlib.import_module(module), cls)(arm_config(cfg, arm), arm, shared)
 
 
+def prestart(cfg: RunConfig, arms: list[ArmSpec], shared: dict, kind: str | None = None) -> dict | None:
+    """Start every arm's engine at once where the engine kind can and they fit (vLLM: fp8eval.engines.vllm.startup);
+    the engines built later for these arms adopt what was started. What was done (None: nothing, the arms start
+    one after the other)."""
+    kind = kind or resolve_kind(cfg)
+    if kind not in ENGINES or len(arms) < 2:
+        return None
+    module, _, cls = ENGINES[kind].partition(":")
+    start_all = getattr(getattr(importlib.import_module(module), cls), "prestart", None)  # optional
+    if start_all is None:
+        return None
+    return start_all([(arm_config(cfg, arm), arm) for arm in arms], shared)
+
+
+def discard_prestarted(shared: dict) -> None:
+    """Stop whatever `prestart` started that no engine adopted (the run ended before it reached that arm)."""
+    if shared.get("vllm_prestarted"):
+        from fp8eval.engines.vllm.startup import stop_prestarted
+
+        stop_prestarted(shared)
+
+
 def start_early_counter(cfg: RunConfig, arm: ArmSpec, kind: str | None = None):
     """A tokenizer-only worker for the arm's engine, started now so that planning can count prompt tokens while
     the engine starts (fp8eval.engines.vllm.early), where the engine has one (`vllm`, named explicitly); else,

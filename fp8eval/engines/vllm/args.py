@@ -79,6 +79,9 @@ def vllm_engine_args(cfg, arm: ArmSpec) -> dict[str, Any]:
         args["model"] = str(scales)
         args.pop("revision", None)
         args.setdefault("tokenizer", str(scales))
+    from fp8eval.engines.vllm.startup import graphs_args  # noqa: PLC0415 - startup imports this module
+
+    args.update(graphs_args(cfg, args))  # eager or compiled by the workload (engine.cuda_graphs)
     return {k: v for k, v in args.items() if v is not None}
 
 
