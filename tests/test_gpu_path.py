@@ -125,7 +125,7 @@ def _vllm_cfg(*overrides):
 
 
 def test_cuda_graphs_follow_the_workload_and_an_explicit_setting_wins():
-    from fp8eval.engines.vllm.startup import EAGER_MAX_STEPS, graphs_args
+    from fp8eval.engines.vllm.modes import EAGER_MAX_STEPS, graphs_args
 
     assert graphs_args(_vllm_cfg(), {}) == {"enforce_eager": True}  # the default job: 256 tokens per answer
     assert graphs_args(_vllm_cfg(f"sampling.max_tokens={EAGER_MAX_STEPS + 1}"), {}) == {}  # vLLM's default: compiled

@@ -85,10 +85,8 @@ def prestart(cfg: RunConfig, arms: list[ArmSpec], shared: dict, kind: str | None
 
 def discard_prestarted(shared: dict) -> None:
     """Stop whatever `prestart` started that no engine adopted (the run ended before it reached that arm)."""
-    if shared.get("vllm_prestarted"):
-        from fp8eval.engines.vllm.startup import stop_prestarted
-
-        stop_prestarted(shared)
+    if shared.get("vllm_prestarted"):  # imported by name, as the engines are (ENGINES)
+        importlib.import_module("fp8eval.engines.vllm.startup").stop_prestarted(shared)
 
 
 def start_early_counter(cfg: RunConfig, arm: ArmSpec, kind: str | None = None):

@@ -1,10 +1,6 @@
 """What a GPU run of `engine=vllm` waits for, cut (issue 34): on one H200 the default job was 99.6 % vLLM start-up.
 
-- **CUDA graphs by workload** (`engine.cuda_graphs`: auto | on | off). torch.compile and CUDA-graph capture cost
-  tens of seconds per engine start and pay back a few milliseconds per decode step. `auto` runs eager
-  (`enforce_eager=true`) when an arm's longest answer, `max_tokens` decode steps, is at most EAGER_MAX_STEPS, and
-  compiled otherwise. Both arms of a run get the same mode (the same sampling), and the mode is an engine arg, so it
-  is in every arm's fingerprint. An explicit `enforce_eager` or `compilation_config` always wins.
+- **CUDA graphs by workload**: fp8eval.engines.vllm.modes.
 - **Arms started side by side** (`engine.parallel_start`, default true). Every arm's vLLM worker is launched at
   once, each with a fixed KV cache (`kv_cache_memory_bytes`, which skips vLLM's memory profiling: engines
   profiling at the same time count each other's allocations) and a `gpu_memory_utilization` that is only what it
@@ -31,35 +27,10 @@ from fp8eval.engines.vllm import args as vargs
 from fp8eval.engines.vllm import child as vchild
 
 GIB = 1 << 30
-# Eager decode costs ~5-10 ms more per step than CUDA graphs on an H200 for small models; capture and compile cost
-# ~25 s (warm) to ~100 s (cold) per engine start. Break-even is a few thousand steps.
-EAGER_MAX_STEPS = 2048
 MIN_SEQUENCES = 4  # full-length sequences each arm's KV cache must hold to start side by side
 MAX_KV_BYTES = 16 * GIB  # more than the jobs need (730k SmolLM2 tokens); the rest of the GPU stays free
 OVERHEAD_BYTES = 4 * GIB  # CUDA context, activations, CUDA graphs, the sampler's buffers (per engine)
 USABLE = 0.9  # of the GPU memory free at launch
-
-
-def graphs_args(cfg, args: dict[str, Any]) -> dict[str, Any]:
-    """`enforce_eager` as `engine.cuda_graphs` decides it (module docstring); {} when the args already say."""
-    mode = str(getattr(cfg.engine, "cuda_graphs", "auto") or "auto")
-    if mode not in ("auto", "on", "off"):
-        from fp8eval.engines.base import EngineError
-
-        raise EngineError(f"engine.cuda_graphs={mode!r}: use auto, on or off")
-    if "enforce_eager" in args or "compilation_config" in args:
-        return {}
-    if mode == "on":
-        return {"enforce_eager": False}
-    if mode == "off":
-        return {"enforce_eager": True}
-    from fp8eval.config import effective_sampling
-
-    try:
-        steps = int(effective_sampling(cfg)["max_tokens"])  # the longest answer: its decode steps
-    except (AttributeError, TypeError, ValueError):  # a config without the model/task layers (a wing's own)
-        return {}
-    return {"enforce_eager": True} if steps <= EAGER_MAX_STEPS else {}
 
 
 # --- side by side ---------------------------------------------------------------------------------------------
