@@ -51,10 +51,11 @@ if s is not None:
     kinds = {a.get("engine") for a in arms.values()}
     v = (s.get("verdict") or {}).get("overall") or {}
     row.update({"engines": sorted(k for k in kinds if k), "verdict": v.get("verdict"),
-                "recovery": (s.get("recovery") or {}).get("recovery"),
+                "recovery": v.get("recovery"),
                 "requests_sent": {n: a.get("requests_sent") for n, a in arms.items()},
                 "parallel_start": bool(s.get("parallel_start")),
-                "timing": {k: (s.get("timing") or {}).get(k) for k in ("engine", "harness")}})
+                "timing": {k: (s.get("timing") or {}).get(k) for k in ("wall_s", "engine_s", "harness_s")},
+                "engine_parts": (s.get("timing") or {}).get("engine_parts")})
     try:
         ok = bool(eval(check, {}, {"s": s, "kinds": kinds, "arms": arms}))
     except Exception as e:  # noqa: BLE001
