@@ -64,6 +64,7 @@ class GapAccumulator:
     sums: dict = field(default_factory=dict)
 
     def add(self, positions, gap) -> None:
+        """Add one chunk: 0-based positions and their signed gaps (equal lengths)."""
         idx = M.bucket_index(positions, self.edges)
         gap = np.abs(np.asarray(gap, dtype=np.float64))
         for b in np.unique(idx):
@@ -88,10 +89,12 @@ class GapAccumulator:
         return out
 
     def result(self) -> dict[str, dict]:
+        """{label: {mean_abs, max_abs, share_above_1e-3, n_tokens[, n_missing]}} for non-empty buckets, in order."""
         labels = M.bucket_labels(self.edges)
         return {labels[b]: self._stats(self.sums[b]) for b in sorted(self.sums)}
 
     def overall(self) -> dict:
+        """The same over every position added."""
         tot = {"n": 0, "n_ok": 0, "sum": 0.0, "max": 0.0, "above": 0}
         for s in self.sums.values():
             for k in ("n", "n_ok", "sum", "above"):

@@ -226,6 +226,7 @@ class VLLMOfflineEngine:
         return [tuple(r) for r in reply["rows"]]
 
     def decode_logprobs_many(self, batch: list[list[int]], k: int) -> list[tuple]:
+        """prompt_logprobs_many's three lists from decode steps (`divergence.path=decode`)."""
         return self.prompt_logprobs_many(batch, k, "decode_logprobs")
 
     def teacher_force(self, request: Request, forced_text: str, other_text: str) -> dict:
