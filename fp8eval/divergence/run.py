@@ -35,6 +35,8 @@ TOPK_NOTE = ("KL over the tokens in both arms' top-k prompt_logprobs, both distr
              "full-vocabulary KL was 12-22 % above it for a K/V-only FP8 cache, issue 18). top1_agree compares the "
              "two arms' most likely tokens; dlogp_mean is over positions whose BF16 argmax is in the variant's top-k.")
 EXACT_NOTE = "KL over the full vocabulary from both arms' logits (exact)."
+# The knobs that only shape a prefill: inert on the decode path alone.
+CHUNK_KNOBS = ("engine.prefill_chunk", "engine_args.max_num_batched_tokens", "engine_args.enable_chunked_prefill")
 
 
 def _plain(obj) -> dict:
@@ -161,7 +163,10 @@ def _arms(cfg, out) -> tuple[list, dict | None]:
     arms = controls.with_control_arm(cfg, arms)
     kind = resolve_kind(cfg)
     effects = controls.knob_effects(cfg, kind, arms[0], control, {"temperature": 0.0}, 1)
-    for r in effects:  # prefill only: a batch cap matters only when passages go to vLLM together
+    decode_only = P.paths_of(str(cfg.divergence.path)) == ["decode"]
+    for r in effects:  # a batch cap matters only when passages go to vLLM together
+        if decode_only and r["knob"] in CHUNK_KNOBS:
+            r.update(effective=False, why="divergence.path=decode: one token is prefilled, the rest are decode steps")
         if r["knob"] == "engine_args.max_num_seqs" and int(cfg.divergence.batch) <= 1:
             r.update(effective=False, why="passages are prefilled one at a time (divergence.batch=1)")
         if r["knob"] == "seed_offset":
