@@ -180,6 +180,10 @@ class EngineConfig:
     # vllm engine: start every arm's engine at once on one GPU when all fit, each with a fixed KV cache (no memory
     # profiling), and keep them open until the run ends (the anatomy reuses them); false: one after the other.
     parallel_start: bool = True
+    # server engine, managed: keep the arms' vLLM servers running after the run (registered under the cache's
+    # servers/), and attach to ones already running for the same engine args instead of starting them
+    # (`python -m fp8eval.up` starts them; `python -m fp8eval.up down` stops them).
+    keep_alive: bool = False
     # vLLM attention backend (FLASH_ATTN | FLASHINFER | TRITON_ATTN | FLASHMLA ...); null = vLLM picks.
     # Passed the way the installed vLLM expects and checked against what it ran (fp8eval.engines.attention).
     attention_backend: Optional[str] = None
