@@ -54,9 +54,8 @@ class PromptCounter:
                 self.counts[h] = n
         if todo:
             requests = [self.request_of(p) for p in todo.values()]
-            batch = getattr(self.engine, "count_prompt_tokens_many", None)
-            if batch is not None and len(requests) > 1:
-                got = [int(n) for n in batch(requests)]
+            if len(requests) > 1:  # one call (engines.base.EngineBase: a loop where the engine has no batch call)
+                got = [int(n) for n in self.engine.count_prompt_tokens_many(requests)]
                 self.engine_calls += 1
                 if len(got) != len(requests):
                     raise EngineError(f"the engine counted the tokens of {len(got)} of the {len(requests)} prompts it was sent")
@@ -165,8 +164,8 @@ class EarlyPlan:
 
 def counter_for(engine, records_root: Path, cfg, request_of: Callable[[Prompt], Request]) -> PromptCounter:
     """The run's PromptCounter for `engine`: kept on disk where the engine names its tokenizer."""
-    key = getattr(engine, "token_count_key", None)
-    disk = TokenCountCache(records_root, {"tokenizer": key(), "chat_template_kwargs": dict(
+    key = engine.token_count_key()
+    disk = TokenCountCache(records_root, {"tokenizer": key, "chat_template_kwargs": dict(
         cfg.model.chat_template_kwargs)}) if key is not None else None
     return PromptCounter(engine, request_of, disk)
 
@@ -187,18 +186,13 @@ def plan_task(runner, tcls, task_cfg, engine, max_model_len: int | None = None):
 def start_early_plan(runner, tcls, task_cfg, arm, kind: str | None) -> EarlyPlan | None:
     """Plan in a thread through a tokenizer-only worker while the arm's engine starts, where the engine kind
     has one (fp8eval.engines.start_early_counter); None otherwise."""
-    from fp8eval.engines import arm_config, start_early_counter
+    from fp8eval.engines import prepare_early_counter, start_early_counter
 
-    if (kind or runner.cfg.engine.kind) == "vllm":
-        # The arm's model made loadable first (an embedded GGUF converted once, on a fresh machine): work of the
-        # engine's start-up, which it would otherwise do itself, so engine time; the worker's start is not.
-        with runner.clock.engine("start"):
-            try:
-                from fp8eval.engines.vllm.args import vllm_engine_args
-
-                vllm_engine_args(arm_config(runner.cfg, arm), arm)
-            except Exception:  # noqa: BLE001 - the engine's own start says what is wrong
-                return None
+    # The arm's model made loadable first (an embedded GGUF converted once, on a fresh machine): work of the
+    # engine's start-up, which it would otherwise do itself, so engine time; the worker's start is not.
+    with runner.clock.engine("start"):
+        if not prepare_early_counter(runner.cfg, arm, kind):
+            return None
     with runner.clock.harness("plan_early_start"):
         helper = start_early_counter(runner.cfg, arm, kind)
     if helper is None:

@@ -343,8 +343,12 @@ def test_divergence_batch1_control_with_a_vllm_like_engine(tmp_path, monkeypatch
 
     import fp8eval.divergence.run as R
 
-    class Eng:
+    from fp8eval.engines.base import EngineBase
+    from fp8eval.engines.vllm.args import OFFLINE_CAPABILITIES
+
+    class Eng(EngineBase):
         kind = "vllm"
+        capabilities = OFFLINE_CAPABILITIES
         batches: list[int] = []
 
         def __init__(self, cfg, arm, shared=None, kind=None):

@@ -72,7 +72,7 @@ def test_vllm_startup_error_on_a_gpu_names_cause_location_and_fix(monkeypatch, t
 
     eng = object.__new__(VLLMOfflineEngine)
     eng.args = {"model": "m", "kv_cache_dtype": "fp8_e5m2"}
-    eng._child_log = E5M2_LOG
+    eng.startup_log = E5M2_LOG
     eng.log_path = tmp_path / "vllm.log"
     eng.python = "python3"
     monkeypatch.setattr(kvcheck, "runs_on_cpu", lambda args: False)

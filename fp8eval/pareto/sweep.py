@@ -15,11 +15,11 @@ import json
 import time
 from pathlib import Path
 
-from fp8eval.arms import arm_spec, compose_kv, open_engines
+from fp8eval.arms import arm_spec, baseline_arm, compose_kv, open_engines
 from fp8eval.core.hashing import fingerprint_hash
 from fp8eval.core.kvformats import FORMATS, effective_skip_layers
 from fp8eval.divergence import run as divergence_run
-from fp8eval.engines import resolve_kind
+from fp8eval.engines import resolve_kind, with_prefill_chunk
 from fp8eval.engines.base import EngineError
 from fp8eval.feasibility import check_many, layout_from_config, rule_check
 from fp8eval.pareto import frontier as F
@@ -92,18 +92,6 @@ def _point_kv(cfg, point: dict):
     return dataclasses.replace(kv, name=name, engine_args=args, scales=scales)
 
 
-def _engine_for_chunk(cfg, chunk: int | None):
-    if chunk is None:
-        return cfg.engine
-    e = dataclasses.replace(cfg.engine, engine_args=dict(cfg.engine.engine_args))
-    if resolve_kind(cfg) == "reference":
-        e.prefill_chunk = int(chunk)
-    elif resolve_kind(cfg) == "vllm":
-        e.engine_args.update({"max_num_batched_tokens": int(chunk), "max_num_seqs": min(int(chunk), 128),
-                              "enable_chunked_prefill": True})
-    return e
-
-
 def run(cfg, run_dir: Path, out=print) -> dict:
     """The whole sweep; returns and writes pareto.json."""
     t0 = time.perf_counter()
@@ -151,8 +139,8 @@ def run(cfg, run_dir: Path, out=print) -> dict:
     bf16_bytes = F.kv_bytes_per_token(layout, "bfloat16", [])
     infeasible = [pt["key"] for pt in points if not pt["feasible"] and not pt.get("same_as")]
     out(f"pareto: {len(points)} point(s), {len(infeasible)} infeasible (not run): {infeasible or '-'}")
-    engine = _engine_for_chunk(cfg, p.prefill_chunk)
-    probe_cfg = divergence_run._engine_cfg(dataclasses.replace(cfg, engine=engine))
+    engine = with_prefill_chunk(cfg, p.prefill_chunk)  # the way the engine kind chunks a prefill
+    probe_cfg = divergence_run.engine_cfg(dataclasses.replace(cfg, engine=engine))
     records = Path(cfg.records_dir).expanduser()
     records = records if records.is_absolute() else Path.cwd() / records
     with open_engines(probe_cfg) as door:
@@ -164,7 +152,7 @@ def run(cfg, run_dir: Path, out=print) -> dict:
 
 def _measure_points(cfg, probe_cfg, probe, points, bf16_bytes, run_dir: Path, out) -> dict:
     """The divergence probe on every feasible point not measured yet (each saved under <run dir>/points)."""
-    base_arm = arm_spec(probe_cfg, compose_kv(cfg.baseline, cfg.model.name), "baseline")
+    base_arm = baseline_arm(probe_cfg)
     errors: dict = {}
     _partial(run_dir, cfg, points, probe, errors)
     for pt in points:
