@@ -55,9 +55,9 @@ def dissect(runner, door, task, items, arms, fingerprints: dict[str, str], out=p
         if settle is not None:
             settle()
         with door.engine(arm) as engine:
-            if not callable(getattr(engine, "teacher_force", None)):
-                info["unavailable"] = (f"the {getattr(engine, 'kind', '?')} engine cannot teacher-force (reference, "
-                                       "vllm, server and fake can); the flips are listed without their anatomy")
+            if not engine.capabilities.teacher_force:
+                info["unavailable"] = (f"the {engine.kind} engine cannot teacher-force (its capabilities say so); "
+                                       "the flips are listed without their anatomy")
                 continue
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("a", encoding="utf-8") as fh:

@@ -43,6 +43,8 @@ from fp8eval.engines.vllm_scoring import server_loglikelihood
 class ServerEngine(ManagedServerMixin, PreflightMixin, EngineBase):
     kind = "server"
     capabilities = vargs.SERVER_CAPABILITIES
+    cache_config_info_line: str | None = None  # vLLM's cache_config_info metric, as the preflight read it
+    log_path = None  # a managed server's log file
 
     # Backoff between retries: base * 2**attempt seconds, jittered, capped (tests shrink these).
     retry_backoff_s = 1.0
