@@ -18,6 +18,7 @@ from pathlib import Path
 from fp8eval.arms import arm_spec, baseline_arm, compose_kv, open_engines
 from fp8eval.core.hashing import fingerprint_hash
 from fp8eval.core.kvformats import FORMATS, effective_skip_layers
+from fp8eval.core.secrets import redact_obj
 from fp8eval.divergence import run as divergence_run
 from fp8eval.engines import resolve_kind, with_prefill_chunk
 from fp8eval.engines.base import EngineError
@@ -197,10 +198,10 @@ def _point_fingerprint(probe_cfg, key: str, docs) -> str:
 
 def _partial(run_dir: Path, cfg, points, probe, errors) -> None:
     """pareto.json while the sweep runs (complete: false): a sweep cut short still shows what it measured."""
-    (run_dir / "pareto.json").write_text(json.dumps({
+    (run_dir / "pareto.json").write_text(json.dumps(redact_obj({
         "schema": SCHEMA, "complete": False, "model": cfg.model.name, "engine": resolve_kind(cfg),
         "baseline": cfg.baseline, "baseline_info": getattr(probe, "base_info", None), "points": points,
-        "errors": errors, "frontier": [], "pick": None}, indent=2) + "\n", encoding="utf-8")
+        "errors": errors, "frontier": [], "pick": None}), indent=2) + "\n", encoding="utf-8")
 
 
 def _finish(cfg, run_dir: Path, points, layout, probe, bf16_bytes, fp, infeasible, errors, t0, out) -> dict:
@@ -248,7 +249,7 @@ def _finish(cfg, run_dir: Path, points, layout, probe, bf16_bytes, fp, infeasibl
         if kv.scales:
             result["serve_note"] = (f"calibrated scales: serve the checkpoint {kv.scales} (it carries k_scale / "
                                     f"v_scale) in place of {model}")
-    (run_dir / "pareto.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    (run_dir / "pareto.json").write_text(json.dumps(redact_obj(result), indent=2) + "\n", encoding="utf-8")
     if p.plot:
         try:
             from fp8eval.pareto.plot import plot_pareto
