@@ -81,7 +81,7 @@ def arm_spec(cfg: RunConfig, kv: KVConfig, role: str = "single", name: str | Non
 def same_setting(a: ArmSpec, b: ArmSpec) -> bool:
     """True when two arms run the same thing: the same kv setting as fingerprints see it (name and
     description aside) and the same engine args."""
-    return _kv_view(a.kv) == _kv_view(b.kv) and a.engine_args == b.engine_args
+    return kv_view(a.kv) == kv_view(b.kv) and a.engine_args == b.engine_args
 
 
 def resolve_arms(cfg: RunConfig, names: list[str] | None = None, control: bool = False) -> list[ArmSpec]:
@@ -184,10 +184,6 @@ def open_engines(cfg: RunConfig, kind: str | None = None) -> ArmEngines:
 
 def _kv_object(kv) -> KVConfig:
     return kv if isinstance(kv, KVConfig) else OmegaConf.to_object(kv)
-
-
-def _kv_view(kv: KVConfig) -> dict:
-    return kv_view(kv)
 
 
 # Model fields that never change a number (left out of every fingerprint).

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
-from fp8eval.config import ControlConfig, RunConfig
+from fp8eval.config import ControlConfig, RunConfig, plain
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.engines import engine_class, resolve_kind
 from fp8eval.engines.spec import ArmSpec
@@ -43,10 +43,6 @@ def control_of(cfg) -> ControlConfig | None:
 def arm_name(baseline: str, control: ControlConfig) -> str:
     """The control arm's name (summary.json key, `engine.base_urls` key): `<baseline>-<control>`."""
     return f"{baseline}-{control.name}"
-
-
-def _plain(d) -> dict:
-    return dict(OmegaConf.to_container(d, resolve=True)) if OmegaConf.is_config(d) else dict(d or {})
 
 
 def with_control_arm(cfg, arms: list[ArmSpec]) -> list[ArmSpec]:
@@ -83,11 +79,11 @@ def preflight(cfg, arms: list[ArmSpec], sampling: dict, repeats: int | None = No
 
 def control_arm(cfg, base: ArmSpec, control: ControlConfig) -> ArmSpec:
     """The control arm: the baseline's kv and engine args with the control's engine args over them."""
-    bad = sorted(set(_plain(control.engine)) - set(ENGINE_FIELDS))
+    bad = sorted(set(plain(control.engine)) - set(ENGINE_FIELDS))
     if bad:
         raise ControlError(f"control={control.name}: control.engine sets {', '.join(bad)}; valid: "
                            f"{', '.join(ENGINE_FIELDS)}")
-    args = {**base.engine_args, **_plain(control.engine_args)}
+    args = {**base.engine_args, **plain(control.engine_args)}
     for key in ("kv_cache_dtype", "kv_cache_dtype_skip_layers"):  # the noise floor of the baseline's own cache
         mine, theirs = args.get(key, _CACHE_DEFAULTS[key]), base.engine_args.get(key, _CACHE_DEFAULTS[key])
         if mine != theirs:
@@ -95,8 +91,8 @@ def control_arm(cfg, base: ArmSpec, control: ControlConfig) -> ArmSpec:
                                f"{theirs}: a control arm keeps the baseline's cache format (it measures noise, not a "
                                f"format); drop control.engine_args.{key}")
     return dataclasses.replace(base, role=ROLE, engine_args=args, label=arm_name(base.name, control),
-                               env={str(k): str(v) for k, v in _plain(control.env).items()},
-                               engine_overrides=_plain(control.engine), seed_offset=int(control.seed_offset))
+                               env={str(k): str(v) for k, v in plain(control.env).items()},
+                               engine_overrides=plain(control.engine), seed_offset=int(control.seed_offset))
 
 
 _CACHE_DEFAULTS = {"kv_cache_dtype": "auto", "kv_cache_dtype_skip_layers": None}
@@ -105,8 +101,8 @@ _CACHE_DEFAULTS = {"kv_cache_dtype": "auto", "kv_cache_dtype_skip_layers": None}
 def material(control: ControlConfig) -> dict:
     """What the control adds to its arm's fingerprint: every setting it changes (never empty, so a control
     arm's records never collapse into the baseline's even when the engine ignores its settings)."""
-    return {"name": control.name, "engine_args": _plain(control.engine_args), "engine": _plain(control.engine),
-            "env": {k: str(v) for k, v in _plain(control.env).items()}, "seed_offset": int(control.seed_offset)}
+    return {"name": control.name, "engine_args": plain(control.engine_args), "engine": plain(control.engine),
+            "env": {k: str(v) for k, v in plain(control.env).items()}, "seed_offset": int(control.seed_offset)}
 
 
 def knob_effects(cfg: RunConfig, kind: str, base: ArmSpec, control: ControlConfig, sampling: dict,
@@ -125,7 +121,7 @@ def knob_effects(cfg: RunConfig, kind: str, base: ArmSpec, control: ControlConfi
     def row(knob: str, value, effective: bool, why: str) -> None:
         rows.append({"knob": knob, "value": value, "effective": bool(effective), "why": why})
 
-    for k, v in _plain(control.engine_args).items():
+    for k, v in plain(control.engine_args).items():
         knob = f"engine_args.{k}"
         if base.engine_args.get(k) == v:
             row(knob, v, False, f"the baseline already runs with {k}={v}")
@@ -142,7 +138,7 @@ def knob_effects(cfg: RunConfig, kind: str, base: ArmSpec, control: ControlConfi
                 f"the {kind} engine decodes one sequence at a time unless a request has several repeats")
         else:
             row(knob, v, False, f"not a setting of the {kind} engine")
-    for k, v in _plain(control.engine).items():
+    for k, v in plain(control.engine).items():
         knob = f"engine.{k}"
         if getattr(e, k, None) == v:
             row(knob, v, False, f"the engine group already has {k}={v}")
@@ -150,7 +146,7 @@ def knob_effects(cfg: RunConfig, kind: str, base: ArmSpec, control: ControlConfi
             row(knob, v, True, f"the {kind} engine's {k} for this arm only")
         else:
             row(knob, v, False, f"the {kind} engine does not read {k} per arm")
-    for k, v in _plain(control.env).items():
+    for k, v in plain(control.env).items():
         knob = f"env.{k}"
         if caps.process_env and not external:
             row(knob, str(v), True, "set in this arm's vLLM process only")
@@ -160,7 +156,7 @@ def knob_effects(cfg: RunConfig, kind: str, base: ArmSpec, control: ControlConfi
         temp = sampling.get("temperature")
         sampled = temp is None or float(temp) > 0
         if not caps.follows_sampling:  # scripted answers: seeds matter only under the args that draw with them
-            sampled = any(_plain(base.engine_args).get(a) or _plain(control.engine_args).get(a) for a in caps.seed_args)
+            sampled = any(plain(base.engine_args).get(a) or plain(control.engine_args).get(a) for a in caps.seed_args)
         row("seed_offset", int(control.seed_offset), sampled,
             "other per-(sample, repeat) sampling seeds" if sampled else "greedy decoding ignores the seed")
     return rows

@@ -154,12 +154,13 @@ class Runner:
         bar.close()
         return items
 
-    def _token_counter(self, engine) -> PromptCounter:
+    def token_counter(self, engine) -> PromptCounter:
         """Prompt tokens under the engine's template (fp8eval.token_counts.PromptCounter), kept on disk where
         the engine names its tokenizer, so a rerun plans without loading it."""
-        return counter_for(engine, self.records_root, self.cfg, lambda p: self._request("count", p, 1, [0]))
+        return counter_for(engine, self.records_root, self.cfg, lambda p: self.request("count", p, 1, [0]))
 
-    def _request(self, rid: str, prompt: Prompt, n: int, seeds: list[int]) -> Request:
+    def request(self, rid: str, prompt: Prompt, n: int, seeds: list[int]) -> Request:
+        """The engine request for `prompt` (`n` sequences, one seed each) under the run's sampling and template."""
         return Request(id=rid, messages=tuple(prompt.messages), n=n, seeds=tuple(seeds),
                        sampling=dict(self.prompt_sampling(prompt)),
                        chat_template_kwargs=dict(self.cfg.model.chat_template_kwargs),
@@ -290,7 +291,7 @@ class Runner:
             sid, phash = its[0].sample.id, its[0].prompt_hash
             rid = f"{sid}|{phash[:12]}|{','.join(str(i.repeat) for i in its)}"
             seeds = [derive_seed(sid, i.repeat, self.seed_of(kv)) for i in its]
-            requests.append(self._request(rid, its[0].prompt, len(its), seeds))
+            requests.append(self.request(rid, its[0].prompt, len(its), seeds))
             by_id[rid] = its
         # Longest prompts first: fewer stragglers at the end of a batch.
         requests.sort(key=lambda r: -by_id[r.id][0].prompt_tokens)
@@ -439,9 +440,9 @@ class Runner:
             # engine time: it opens the arm again and teacher-forces through it (on the H200 with the 60-sample
             # NIAH grid, 27 s of vLLM start-up that was once counted as the harness's "summary")
             with self.clock.engine("anatomy"):
-                summary["anatomy"] = anatomy.dissect(self, door, task, items, arms,
-                                                     {a.name: summaries[a.name]["fingerprint"] for a in arms},
-                                                     self.out, settle=self.clock.settle)
+                summary["anatomy"] = anatomy.dissect(
+                    self.views, self.records_root, self.request, door, task, items, arms,
+                    {a.name: summaries[a.name]["fingerprint"] for a in arms}, self.out, settle=self.clock.settle)
         summary["wall_s"] = round(time.perf_counter() - t0, 2)
         summary["timing"] = self.clock.report()
         self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -18,7 +18,7 @@ import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 from fp8eval.core.types import Prompt, Request
 from fp8eval.engines.base import EngineError
@@ -170,11 +170,24 @@ def counter_for(engine, records_root: Path, cfg, request_of: Callable[[Prompt], 
     return PromptCounter(engine, request_of, disk)
 
 
-def plan_task(runner, tcls, task_cfg, engine, max_model_len: int | None = None):
+class Planner(Protocol):
+    """What planning needs of the run (the runner gives it): its config and sampling, its clock, a prompt counter for
+    an engine and the plan of a task."""
+
+    cfg: Any
+    sampling: dict
+    clock: Any
+
+    def token_counter(self, engine) -> PromptCounter: ...
+
+    def plan(self, task, engine) -> list: ...
+
+
+def plan_task(runner: Planner, tcls, task_cfg, engine, max_model_len: int | None = None):
     """The task built for `engine`'s tokenizer and max_model_len, and its plan (harness part "plan")."""
     from fp8eval.tasks.base import TaskContext
 
-    counter = runner._token_counter(engine)
+    counter = runner.token_counter(engine)
     ctx = TaskContext(count_tokens=counter, count_many=counter.many, model_name=runner.cfg.model.name,
                       max_model_len=engine.max_model_len() if max_model_len is None else max_model_len,
                       seed=runner.cfg.seed, max_tokens=int(runner.sampling["max_tokens"]))
@@ -183,7 +196,7 @@ def plan_task(runner, tcls, task_cfg, engine, max_model_len: int | None = None):
         return task, runner.plan(task, engine)
 
 
-def start_early_plan(runner, tcls, task_cfg, arm, kind: str | None) -> EarlyPlan | None:
+def start_early_plan(runner: Planner, tcls, task_cfg, arm, kind: str | None) -> EarlyPlan | None:
     """Plan in a thread through a tokenizer-only worker while the arm's engine starts, where the engine kind
     has one (fp8eval.engines.start_early_counter); None otherwise."""
     from fp8eval.engines import prepare_early_counter, start_early_counter
@@ -200,7 +213,7 @@ def start_early_plan(runner, tcls, task_cfg, arm, kind: str | None) -> EarlyPlan
     return EarlyPlan(helper, lambda max_model_len: plan_task(runner, tcls, task_cfg, helper, max_model_len))
 
 
-def finish_early_plan(runner, early: EarlyPlan | None, engine):
+def finish_early_plan(runner: Planner, early: EarlyPlan | None, engine):
     """(task, items) from `early` if the started engine counts the same, its counter switched to the engine."""
     if early is None:
         return None

@@ -92,10 +92,10 @@ def test_base_model_prompts_are_plain_text_for_every_engine(tmp_path):
     from fp8eval.tasks.base import Prompt
 
     cfg = compose(["model=gemma3-270m", "engine=fake"])
-    req = Runner(cfg, tmp_path)._request("r", Prompt(messages=list(msgs)), 1, [0])
+    req = Runner(cfg, tmp_path).request("r", Prompt(messages=list(msgs)), 1, [0])
     assert req.prompt_text == "A\n\nB\n\n"
     chat = compose(["model=smollm2-135m", "engine=fake"])
-    assert Runner(chat, tmp_path)._request("r", Prompt(messages=list(msgs)), 1, [0]).prompt_text is None
+    assert Runner(chat, tmp_path).request("r", Prompt(messages=list(msgs)), 1, [0]).prompt_text is None
 
 
 class _NoTemplateTokenizer:

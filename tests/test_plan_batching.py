@@ -145,7 +145,7 @@ def test_runner_plan_on_fake_engine_matches_one_by_one_planning(tmp_path):
     with open_engines(cfg) as door:
         with door.engine(arm) as engine:
             engine.count_prompt_tokens_many = lambda reqs: [engine.count_prompt_tokens(r) for r in reqs]
-            counter = runner._token_counter(engine)
+            counter = runner.token_counter(engine)
             plans = []
             for many in (counter.many, None):
                 ctx = TaskContext(count_tokens=counter, count_many=many, max_model_len=engine.max_model_len(),
