@@ -120,10 +120,11 @@ def _early_kind(cfg: RunConfig, kind: str | None) -> str | None:
 
 def prepare_early_counter(cfg: RunConfig, arm: ArmSpec, kind: str | None = None) -> bool:
     """The arm's model made loadable for the early worker (an embedded GGUF converted once: work of the engine's
-    start-up); False when the kind has no early worker or the preparation fails (the engine then says why)."""
+    start-up); False when the preparation fails (the engine then says why), True otherwise (also when the kind has
+    no early worker: nothing to prepare)."""
     kind = _early_kind(cfg, kind)
     if kind is None:
-        return False
+        return True
     try:
         worker = _early_worker(kind)
         worker.prepare(arm_config(cfg, arm), arm)
