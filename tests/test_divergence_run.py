@@ -10,6 +10,8 @@ pytest.importorskip("transformers")
 
 from fp8eval.divergence.__main__ import register  # noqa: E402
 from fp8eval.divergence.run import run  # noqa: E402
+from fp8eval.engines.base import EngineBase  # noqa: E402
+from fp8eval.engines.vllm.args import OFFLINE_CAPABILITIES  # noqa: E402
 
 
 def _cfg(tmp_path, *overrides):
@@ -58,11 +60,12 @@ class _FakeTok:
         return {"input_ids": [1] + [ord(c) % 50 for c in text]}
 
 
-class _FakeVLLM:
+class _FakeVLLM(EngineBase):
     """Answers prompt_logprobs like the vLLM engine: top-k of a position-seeded distribution; the fp8 arm
     perturbs it."""
 
     kind = "vllm"
+    capabilities = OFFLINE_CAPABILITIES
     calls = 0
 
     def __init__(self, cfg, kv, shared=None, kind=None):
@@ -201,29 +204,32 @@ def test_both_paths_give_each_paths_kl_and_the_path_gap(tmp_path, monkeypatch):
         run(_cfg(tmp_path, *args, "divergence.path=sideways"), tmp_path / "bad", out=lambda s: None)
 
 
-def test_decode_fingerprints_and_the_forcing_processor_args():
+def test_decode_fingerprints_and_the_forcing_processor_args(tmp_path):
     """The decode path enters the fingerprint; the forcing logits processor the decode path registers on vLLM stays
-    out of a prefill result's fingerprint (it changes nothing a prefill computes), and _engine_cfg adds it only for a
-    run that reads the decode path."""
-    from types import SimpleNamespace
-
+    out of a prefill result's fingerprint (it changes nothing a prefill computes), and engine_cfg adds it only for a
+    run that reads the decode path (the engine's capabilities name it)."""
     import fp8eval.divergence.run as R
+    from fp8eval.engines.vllm.args import OFFLINE_CAPABILITIES
     from fp8eval.engines.vllm.forced import FQCN
 
-    class Eng:
+    assert OFFLINE_CAPABILITIES.decode_logits_processor == FQCN
+
+    class Eng(EngineBase):
+        kind, capabilities = "vllm", OFFLINE_CAPABILITIES
+
         def __init__(self, args):
             self.args = args
 
         def describe(self):
             return {"kind": "vllm", "engine_args": dict(self.args)}
 
-    cfg = SimpleNamespace(model={"name": "m", "hf_id": "x"}, divergence=SimpleNamespace(topk=20, batch=1))
-    kv = {"name": "fp8", "engine_args": {"kv_cache_dtype": "fp8"}}
+    cfg = _cfg(tmp_path, "kv=fp8", "engine=vllm")
+    arm = cfg.kv
     plain, forced = Eng({"enforce_eager": True}), Eng({"enforce_eager": True, "logits_processors": [FQCN]})
-    assert R.arm_fingerprint(cfg, plain, kv, "topk")[0] == R.arm_fingerprint(cfg, forced, kv, "topk")[0]
-    assert R.arm_fingerprint(cfg, forced, kv, "topk", path="decode")[0] != R.arm_fingerprint(cfg, forced, kv, "topk")[0]
+    assert R.arm_fingerprint(cfg, plain, arm, "topk")[0] == R.arm_fingerprint(cfg, forced, arm, "topk")[0]
+    assert R.arm_fingerprint(cfg, forced, arm, "topk", path="decode")[0] != R.arm_fingerprint(cfg, forced, arm, "topk")[0]
     for path, want in (("prefill", None), ("decode", [FQCN]), ("both", [FQCN])):
-        c = SimpleNamespace(engine=SimpleNamespace(engine_args={}), divergence=SimpleNamespace(topk=20, path=path))
-        with pytest.MonkeyPatch.context() as m:
-            m.setattr(R, "resolve_kind", lambda cfg: "vllm")
-            assert R._engine_cfg(c).engine.engine_args.get("logits_processors") == want
+        c = _cfg(tmp_path, "kv=fp8", "engine=vllm", f"divergence.path={path}")
+        assert R.engine_cfg(c).engine.engine_args.get("logits_processors") == want
+    ref = _cfg(tmp_path, "kv=fp8", "engine=reference")
+    assert "logits_processors" not in R.engine_cfg(ref).engine.engine_args  # the reference engine decodes itself

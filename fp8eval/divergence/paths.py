@@ -3,7 +3,7 @@
 - `prefill`: every position's next-token distribution from one prefill of the passage (reference: the passage in
   `engine.prefill_chunk` chunks; vLLM: `prompt_logprobs`, the prefill kernel).
 - `decode`: the same distributions as decode steps compute them: the passage's first token alone, then each next
-  token forced, one decode step per token, through the arm's KV cache (reference: `ReferenceEngine.decode_hidden`,
+  token forced, one decode step per token, through the arm's KV cache (reference: `engine.probe().decode_hidden`,
   what its generation runs; vLLM: `fp8eval.engines.vllm.forced`, a forcing logits processor with raw log-probs,
   the decode kernel every generated answer takes). What users' answers see: the default.
 - `both`: both, and the path gap: per arm, |log p_decode(t) - log p_prefill(t)| of the passage's own next token t
@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from fp8eval.divergence import measures as M
-from fp8eval.divergence import sources
 
 PATHS = ("prefill", "decode", "both")
 GAP_THRESHOLD = 1e-3  # nats: a position whose two paths differ by more counts in `share_above`
@@ -36,17 +35,17 @@ def primary(path: str) -> str:
     return "prefill" if paths_of(path) == ["prefill"] else "decode"
 
 
-def token_logprobs(result: dict, ids, ref_engine, n_pos: int) -> np.ndarray:
-    """log p(ids[j + 1]) at positions j = 0..n_pos-1 from one arm's result on one path: exact from the reference
-    engine's hidden states (its model loaded: the run's measures come first), else the engine's own token log-probs
-    (NaN where a result lacks them)."""
+def token_logprobs(result: dict, ids, probe, n_pos: int) -> np.ndarray:
+    """log p(ids[j + 1]) at positions j = 0..n_pos-1 from one arm's result on one path: exact from hidden states (`probe`:
+    the engine's probe that made them, `engine.probe()`), else the engine's own token log-probs (NaN where a result
+    lacks them)."""
     if "hidden" in result:
         import torch
 
         step, out = 256, []  # positions per slice of logits (~12M logits for a 49k vocabulary)
         for s in range(0, n_pos, step):
             e = min(s + step, n_pos)
-            lp = torch.log_softmax(sources.logits_from_hidden(ref_engine, result["hidden"][s:e]).double(), -1)
+            lp = torch.log_softmax(probe.logits(result["hidden"][s:e]).double(), -1)
             t = torch.tensor([int(x) for x in ids[s + 1:e + 1]], device=lp.device).view(-1, 1)
             out.append(lp.gather(-1, t)[:, 0].cpu().numpy())
         return np.concatenate(out) if out else np.zeros(0)
@@ -103,13 +102,13 @@ class GapAccumulator:
         return self._stats(tot)
 
 
-def path_gap(docs, prefill: dict, decode: dict, ref_engine, edges) -> dict:
+def path_gap(docs, prefill: dict, decode: dict, probe, edges) -> dict:
     """One arm's decode-vs-prefill gap over every passage ({passage key: result} per path): buckets and overall."""
     acc = GapAccumulator(edges=tuple(edges))
     for p in docs:
         n_pos = p.length - 1
-        a = token_logprobs(prefill[p.key], p.ids, ref_engine, n_pos)
-        b = token_logprobs(decode[p.key], p.ids, ref_engine, n_pos)
+        a = token_logprobs(prefill[p.key], p.ids, probe, n_pos)
+        b = token_logprobs(decode[p.key], p.ids, probe, n_pos)
         acc.add(np.arange(n_pos), b - a)
     return {"buckets": acc.result(), "overall": acc.overall()}
 

@@ -21,7 +21,7 @@ from fp8eval.config import (
     emulation_in_effect,
 )
 from fp8eval.core.hub import known_offline_reason
-from fp8eval.engines.base import Choice, Completion, EngineError, Request
+from fp8eval.engines.base import Capabilities, Choice, Completion, EngineBase, EngineError, Request
 from fp8eval.engines.prompting import check_template_kwargs, plain_prompt_text
 from fp8eval.engines.spec import ArmSpec
 
@@ -35,8 +35,13 @@ def _version(pkg: str) -> str | None:
         return None
 
 
-class ReferenceEngine:
+class ReferenceEngine(EngineBase):
     kind = "reference"
+    capabilities = Capabilities(
+        distributions="hidden", switches_kv_policy=True, loglikelihood=True, teacher_force=True,
+        prefill_chunking="engine", engine_fields=("prefill_chunk",),
+        honoured_args=(("max_num_seqs", "batch_cap", "decodes a request's repeats in batches of at most max_num_seqs"),),
+        control_hint="control=chunk, or control=batch1 / control=seed with sampled repeats", decode_path="probe")
 
     def __init__(self, cfg: RunConfig, arm: ArmSpec, shared: dict | None = None):
         self.cfg = cfg
@@ -236,6 +241,19 @@ class ReferenceEngine:
 
         self.knob_audit = audit_reference(self)  # refuses (AuditError) a policy that is not what the arm asks
 
+    @property
+    def kv_policy(self):
+        """This arm's KV policy (`fp8eval.engines.kvcache.KVPolicy`), the model loaded first."""
+        self._load()
+        return self._policy
+
+    def probe(self, policy=None):
+        """The loaded model under `policy` (None: this arm's) as a context manager: per-position hidden states and
+        logits of a token sequence (`fp8eval.engines.reference_probe.Probe`)."""
+        from fp8eval.engines.reference_probe import open_probe
+
+        return open_probe(self, policy)
+
     def audit_now(self) -> dict:
         """Load the model (if not yet) and return the knob audit of this arm's KV policy."""
         self._load()
@@ -365,26 +383,6 @@ class ReferenceEngine:
         out = self._model(input_ids=tokens.to(self._device_name()), past_key_values=cache, use_cache=True,
                           logits_to_keep=1)
         return out.logits[:, -1, :]
-
-    def decode_hidden(self, ids: list[int]):
-        """The last hidden state (after the final norm) at every position of `ids` as the decode path computes it: the
-        first token alone, then one decode step per token through this arm's cache, in a cache with room for all of them
-        (what generation runs); numpy [len(ids), hidden]. `python -m fp8eval.divergence divergence.path=decode`."""
-        import torch
-
-        from fp8eval.engines.reserved_cache import reserved_cache
-
-        self._load()
-        self._shared["active_policy"] = self._policy
-        x = torch.tensor([list(ids)], device=self._device_name())
-        rows = []
-        with torch.inference_mode():
-            cache = reserved_cache(self._model.config, len(ids))
-            for i in range(len(ids)):
-                h = self._model.model(input_ids=x[:, i:i + 1], past_key_values=cache, use_cache=True).last_hidden_state
-                rows.append(h[0, -1].float().cpu())
-        self.computed_prefill_tokens += 1
-        return torch.stack(rows).numpy()
 
     # --- scoring (lm-eval loglikelihood) ---------------------------------------------------------------
     def loglikelihood(self, requests: Iterable[Request]) -> Iterator[Completion]:

@@ -16,7 +16,7 @@ This module imports no vLLM at import time: `ForcedTokens` is built on first acc
 from __future__ import annotations
 
 KEY = "fp8eval_forced"  # SamplingParams.extra_args key: the token ids to emit, in order
-FQCN = "fp8eval.engines.vllm.forced:ForcedTokens"  # what `logits_processors` names
+FQCN = "fp8eval.engines.vllm.forced:ForcedTokens"  # what `logits_processors` names (capabilities' decode_logits_processor)
 
 
 def __getattr__(name: str):
