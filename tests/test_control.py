@@ -81,7 +81,12 @@ def test_control_arm_is_the_baseline_with_the_controls_settings():
 
 
 @pytest.mark.parametrize("control,engine,extra,effective", [
-    ("eager", "vllm", [], {"engine_args.enforce_eager": True}),
+    # engine.cuda_graphs=auto runs the default job (256-token answers) eager already: the compiled control is the
+    # one that changes something there; with long answers (compiled) the eager one is.
+    ("eager", "vllm", [], {"engine_args.enforce_eager": False}),
+    ("compiled", "vllm", [], {"engine_args.enforce_eager": True}),
+    ("eager", "vllm", ["sampling.max_tokens=4096"], {"engine_args.enforce_eager": True}),
+    ("eager", "vllm", ["engine.cuda_graphs=on"], {"engine_args.enforce_eager": True}),
     ("eager", "vllm_cpu", [], {"engine_args.enforce_eager": False}),  # vllm_cpu is eager already
     ("compiled", "vllm_cpu", [], {"engine_args.enforce_eager": True}),
     ("eager", "reference", [], {"engine_args.enforce_eager": False}),

@@ -96,6 +96,12 @@ class EngineBase:
         after the other). vLLM on one GPU: fp8eval.engines.vllm.startup."""
         return None
 
+    @classmethod
+    def effective_engine_args(cls, cfg: Any, arm: Any) -> dict:
+        """The engine args this kind runs the arm with, defaults it adds included (vLLM: `enforce_eager` from
+        engine.cuda_graphs), before it starts: what a control arm's knobs are compared with."""
+        return dict(arm.engine_args)
+
     def token_count_key(self) -> dict | None:
         """The tokenizer's identity (token counts are then cached on disk); None: counts are not kept."""
         return None

@@ -99,6 +99,10 @@ class VLLMOfflineEngine(EngineBase):
         self.knob_audit = knob_live.audit_started(self, reply.get("knob_readback"))
 
     @classmethod
+    def effective_engine_args(cls, cfg, arm) -> dict:
+        return {**arm.engine_args, **vargs.graphs_args(cfg, arm.engine_args)}
+
+    @classmethod
     def prestart(cls, arm_cfgs: list, shared: dict) -> dict | None:
         """Launch every arm's worker at once when they all fit on the GPU (fp8eval.engines.vllm.startup)."""
         return startup.prestart(arm_cfgs, shared, WORKER_MODULE)
