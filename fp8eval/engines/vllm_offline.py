@@ -13,6 +13,7 @@ FP8 cache on a CPU without AVX-512, a missing vllm) fails before the runner open
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -220,8 +221,7 @@ class VLLMOfflineEngine(EngineBase):
     def prompt_logprobs(self, ids: list[int], k: int) -> tuple[list[list[int]], list[list[float]]]:
         """Prefill only: the top-k (token id, log-prob) of the next-token distribution after each of
         positions 0..len(ids)-2 (vLLM's `prompt_logprobs`), for `python -m fp8eval.divergence`."""
-        reply = self._ask({"op": "prompt_logprobs", "ids": list(ids), "k": int(k)}, "compute prompt logprobs")
-        return reply["ids"], reply["logprobs"]
+        return tuple(self.prompt_logprobs_many([ids], k)[0][:2])
 
     def prompt_logprobs_many(self, batch: list[list[int]], k: int, op: str = "prompt_logprobs") -> list[tuple]:
         """(top-k ids, top-k log-probs, own next token's log-prob) of several prompts sent to vLLM together (they may
@@ -230,9 +230,7 @@ class VLLMOfflineEngine(EngineBase):
         reply = self._ask({"op": op, "batch": [list(i) for i in batch], "k": int(k)}, f"compute {op}")
         return [tuple(r) for r in reply["rows"]]
 
-    def decode_logprobs_many(self, batch: list[list[int]], k: int) -> list[tuple]:
-        """prompt_logprobs_many's three lists from decode steps (`divergence.path=decode`)."""
-        return self.prompt_logprobs_many(batch, k, "decode_logprobs")
+    decode_logprobs_many = functools.partialmethod(prompt_logprobs_many, op="decode_logprobs")  # divergence.path=decode
 
     def teacher_force(self, request: Request, forced_text: str, other_text: str) -> dict:
         """The anatomy of one flip in the worker (fp8eval.engines.forcing, fp8eval.engines.vllm.prompt_ops)."""
@@ -477,12 +475,9 @@ def _worker_main() -> int:
                 worker.send({"op": "counts", "n": prompt_ops.count_many(worker, msg["requests"])})
             elif op == "fingerprint":
                 worker.send({"op": "fingerprint", "fingerprint": prompt_ops.tokenizer_fingerprint(worker.tokenizer)})
-            elif op in ("prompt_logprobs", "decode_logprobs") and "batch" in msg:  # several prompts in one vLLM call
+            elif op in ("prompt_logprobs", "decode_logprobs"):  # prompts in one vLLM call
                 fn = prompt_ops.prompt_logprobs if op == "prompt_logprobs" else forced.decode_logprobs
                 worker.send({"op": "batch", "rows": fn(worker.llm, msg["batch"], int(msg["k"]))})
-            elif op == "prompt_logprobs":  # one prompt: top-k of every position after the first
-                (ids, lps, _), = prompt_ops.prompt_logprobs(worker.llm, [msg["ids"]], int(msg["k"]))
-                worker.send({"op": op, "ids": ids, "logprobs": lps})
             elif op == "teacher_force":
                 worker.send({"op": "forced", "answer": prompt_ops.teacher_force(worker, msg["request"], msg["forced"], msg["other"])})
             elif op == "add":
