@@ -106,7 +106,7 @@ def test_the_toy_engine_runs_the_divergence_probe_with_its_noise_floor(tmp_path,
         cfg = OmegaConf.to_object(hydra_compose(config_name="divergence", overrides=[
             "engine=fake", *toy, f"records_dir={tmp_path / 'records'}", "divergence.lengths=[64,80]",
             "divergence.documents=2", "divergence.topk=5", "divergence.batch=4", "divergence.plot=false",
-            "kv=fp8", "control=batch1"]))
+            "kv=fp8", "control=batch1", "divergence.path=prefill"]))  # a toy without a decode path (issue 35)
     res = R.run(cfg, tmp_path / "d", out=lambda s: None)
     assert res["engine"] == KIND and res["method"] == "topk_shared_renormalised"
     assert 0 < res["noise_floor"]["overall"]["kl_mean"] < res["overall"]["kl_mean"]
