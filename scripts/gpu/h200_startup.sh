@@ -39,7 +39,7 @@ w, out = sys.argv[1], sys.argv[2]
 def completions(records_dir):
     got = {}
     for path in glob.glob(os.path.join(records_dir, "niah", "*.jsonl")):
-        rows = {}
+        rows, kv = {}, "?"
         for line in open(path):
             try:
                 r = json.loads(line)
@@ -47,7 +47,8 @@ def completions(records_dir):
                 continue
             if "sample_id" in r:
                 rows[(r["sample_id"], r.get("repeat", 0))] = r.get("completion")
-        got[os.path.basename(path)] = rows
+                kv = r.get("kv", kv)
+        got[kv] = rows  # by the arm's kv name: the in-process run's fingerprints differ (model.env)
     return got
 side = completions(os.path.join(w, "rec_vllm"))
 doc = {"times": open(os.path.join(w, "startup.txt")).read().splitlines()}
@@ -55,13 +56,11 @@ for other in ("seq", "inproc"):
     seq = completions(os.path.join(w, f"rec_{other}"))
     if not seq:
         continue
-    # the in-process run's fingerprint differs (model.env): arms are matched by order of their files' first keys
-    pairs = zip(sorted(side), sorted(seq)) if other == "inproc" else ((n, n) for n in sorted(set(side) | set(seq)))
     compare = {}
-    for name_a, name_b in pairs:
-        a, b = side.get(name_a, {}), seq.get(name_b, {})
+    for name in sorted(set(side) | set(seq)):
+        a, b = side.get(name, {}), seq.get(name, {})
         keys = set(a) & set(b)
-        compare[name_a[:20]] = {"pairs": len(keys), "same": sum(a[k] == b[k] for k in keys),
+        compare[name] = {"pairs": len(keys), "same": sum(a[k] == b[k] for k in keys),
                                 "only_side": len(set(a) - set(b)), "only_other": len(set(b) - set(a))}
     doc[f"side_by_side_vs_{other}"] = compare
 def summary(run):
