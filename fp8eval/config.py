@@ -90,6 +90,10 @@ class KVConfig:
     # int4_per_token_head only (reference engine): the randomized Hadamard rotation before quantizing (the current
     # kernel), or none (an earlier revision of it quantized K/V unrotated).
     int4_rht: bool = True
+    # kv.attention=fa3_fp8 only (reference engine): a decode step as FA3's decode path runs it (its one-MMA-warpgroup
+    # tiles and split-KV, fp8eval/engines/attention_emulation.py; issue 35), instead of the prefill tiles. Off until
+    # an H200 run validates it (scripts/gpu/h200_decode_path.sh), as fa3_fp8 was before it became the default.
+    fa3_decode: bool = False
     # Legacy spelling of attention=qp_unit_scale (kept so existing records keep their fingerprint).
     quantize_attention: bool = False
 
@@ -97,7 +101,7 @@ class KVConfig:
 # The emulation every record made before kv.attention / kv.accumulation existed had: at these values the
 # fields stay out of fingerprints, so those records keep theirs (see `kv_fingerprint_view`).
 KV_EMULATION_DEFAULTS = {"attention": "kv_only", "accumulation": "exact", "int8_rounding": "half_away",
-                         "int4_rht": True}
+                         "int4_rht": True, "fa3_decode": False}
 INT8_ROUNDINGS = ("half_away", "trunc")
 _BF16_CACHE = ("auto", "bfloat16", "bf16", "float16", "half")
 

@@ -134,8 +134,10 @@ def test_fa3_decode_step_splits_the_keys_and_stays_close_to_exact():
     numbers do not change with the decode rule (the prefill tiles: rows above one warpgroup)."""
     q, k, v = _qkv(lq=1, lk=4096, h=3, d=64, seed=3, spread=3.0)
     q = q.repeat_interleave(3, dim=1)  # 9 query heads over 3 KV heads, as SmolLM2
-    got = _run(q, k, v, "fa3_fp8")
-    assert torch.equal(got, _run(q, k, v, "fa3_fp8"))
+    dec = lambda *t: AE.emulated_attention(*t, None, 0.125, mode="fa3_fp8", accumulation="exact", fmt="e4m3",  # noqa: E731
+                                           decode=True)
+    got = dec(q, k, v)
+    assert torch.equal(got, dec(q, k, v))
     scale = q.shape[-1] ** -0.5
     qs = fp8_roundtrip(q).reshape(1, 3, 3, 64)
     s = torch.matmul(qs, k.transpose(-1, -2)) * scale
@@ -146,8 +148,7 @@ def test_fa3_decode_step_splits_the_keys_and_stays_close_to_exact():
     # a prefill chunk of 70 query rows (x 3 heads per KV head > 64) keeps the prefill tiles: the same bits as when
     # the decode rule is switched off
     qp, kp, vp = _qkv(lq=70, lk=400, h=3, d=64, seed=4)
-    with_rule = _run(qp, kp, vp, "fa3_fp8")
-    import unittest.mock
+    assert torch.equal(dec(qp, kp, vp), _run(qp, kp, vp, "fa3_fp8"))
+    prefill_tiles = AE._fa3_rows(s.clone(), v, "e4m3", AE.fa3_block_n(64), "exact").view(1, 1, 9, -1)
+    assert torch.allclose(_run(q, k, v, "fa3_fp8"), prefill_tiles, rtol=0, atol=1e-6)  # kv.fa3_decode off (default)
 
-    with unittest.mock.patch.object(AE, "fa3_decode_block_n", lambda *a, **k: None):
-        assert torch.equal(with_rule, _run(qp, kp, vp, "fa3_fp8"))

@@ -344,11 +344,13 @@ def _pv(w, v, accumulation, order=None):
 
 
 def emulated_attention(query, key, value, attention_mask, scaling: float, *, mode: str, accumulation: str,
-                       fmt: str | None, q_scale=1.0, sliding: bool = False) -> torch.Tensor:
+                       fmt: str | None, q_scale=1.0, sliding: bool = False, decode: bool = False) -> torch.Tensor:
     """Attention over [B, H, L, D] tensors (K/V already as the cache holds them) with Q, P and the P·V
     accumulation treated as `mode` / `accumulation` say (`kv_only` + `exact`: exact attention, what the
     reference engine runs on CPU for every layer instead of SDPA, whose reductions follow the CPU's vector
     width and thread count). Returns [B, Lq, H, D] in query's dtype, as transformers' attention functions do.
+    `decode` (kv.fa3_decode): with `fa3_fp8`, a batch of few query rows takes FA3's decode tiles and a decode step
+    splits the keys, as FA3's decode path does (see FA3_DECODE_ROWS); otherwise the prefill tiles throughout.
 
     Computed from matrix products, elementwise steps and sums whose bits do not depend on the thread count or on
     ATen's AVX2 / AVX-512 kernels (tests/test_cpu_determinism.py). Query heads that
@@ -382,7 +384,7 @@ def emulated_attention(query, key, value, attention_mask, scaling: float, *, mod
     s_room = torch.empty(room, dtype=torch.float32, device=q.device)
     scratch = torch.empty(room, dtype=torch.int32, device=q.device) if mode == "fa3_fp8" else None
     # FA3 picks its tiles per batch from the rows a KV head's query heads make (lq * groups): few rows, decode tiles.
-    decode_n = fa3_decode_block_n(d, lq * groups, sliding) if mode == "fa3_fp8" else None
+    decode_n = fa3_decode_block_n(d, lq * groups, sliding) if mode == "fa3_fp8" and decode else None
     for r0 in range(0, lq, rows):
         n = min(rows, lq - r0)
         qs = q[:, :, r0:r0 + n].reshape(b, kvh, groups * n, d)
@@ -403,7 +405,7 @@ def emulated_attention(query, key, value, attention_mask, scaling: float, *, mod
             s.view(b, kvh, groups, n, end)[..., end - n:].masked_fill_(_upper_triangle(n, q.device), float("-inf"))
         else:
             _mask_in_place(s.view(b, kvh, groups, n, end), ms, kvh, groups)
-        if mode == "fa3_fp8" and lq == 1 and not sliding:  # a decode step: the decode tiles where FA3 takes them, split-KV
+        if mode == "fa3_fp8" and decode and lq == 1 and not sliding:  # a decode step: FA3's decode tiles, split-KV
             bn = decode_n or fa3_block_n(d, sliding)
             o = _fa3_split_rows(s, vs, fmt, bn, accumulation, fa3_num_splits(-(-end // bn), kvh, b), scratch)
         elif mode == "fa3_fp8":

@@ -37,6 +37,7 @@ class KVPolicy:
     accumulation: str = "exact"  # exact | fast_fp8 | fa3_unfixed
     int8_rounding: str = "half_away"  # int8_per_token_head: half_away | trunc
     int4_rht: bool = True  # int4_per_token_head: rotate first (current kernel) or not (an earlier one)
+    fa3_decode: bool = False  # fa3_fp8: FA3's decode path (tiles, split-KV) in decode steps (issue 35)
 
     @property
     def attention_mode(self) -> str:
@@ -159,7 +160,8 @@ def make_attention_function(policy_of):
             out = emulated_attention(query, key, value, attention_mask, scaling,
                                      mode=policy.attention_mode if kernel else "kv_only",
                                      accumulation=policy.accumulation if kernel else "exact", fmt=policy.fmt,
-                                     q_scale=policy.q_scale, sliding=_is_sliding(module))
+                                     q_scale=policy.q_scale, sliding=_is_sliding(module),
+                                     decode=policy.fa3_decode and kernel)
             return out, None
         key, value = sdpa_operands(key, value)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,

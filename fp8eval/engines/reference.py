@@ -106,10 +106,7 @@ class ReferenceEngine(EngineBase):
                    "scale_strategy": self.kv.scale_strategy, "quantize_attention": self.kv.quantize_attention,
                    # only where they change a number: records made before these knobs keep their fingerprint
                    **emulation_in_effect({k: getattr(self.kv, k) for k in KV_EMULATION_DEFAULTS},
-                                         self.cache_dtype),
-                   # FA3's decode tiles and split-KV in decode steps (issue 35): those arms' decode numbers changed
-                   **({"fa3_decode": "one_mma_wg_split_kv"} if self.kv.attention == "fa3_fp8" and not
-                      self.kv.quantize_attention and self.cache_dtype in ("fp8", "fp8_e4m3", "fp8_e5m2") else {})},
+                                         self.cache_dtype)},
             "engine_args": dict(e.engine_args),
             # Reproducible CPU numerics (fp8eval/engines/cpu_numerics.py); absent on GPU, whose fingerprints stay.
             **({"cpu_numerics": _cpu_numerics()} if self._device_name() == "cpu" else {}),
@@ -236,6 +233,7 @@ class ReferenceEngine(EngineBase):
             accumulation=self.kv.accumulation,
             int8_rounding=self.kv.int8_rounding,
             int4_rht=bool(self.kv.int4_rht),
+            fa3_decode=bool(self.kv.fa3_decode),
         )
         from fp8eval.engines.audit.live import audit_reference
 

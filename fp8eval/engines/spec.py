@@ -69,6 +69,11 @@ class ArmSpec:
         """Whether the reference engine's int4_per_token_head rotates first."""
         return bool(self.kv.int4_rht)
 
+    @property
+    def fa3_decode(self) -> bool:
+        """Whether the reference engine's fa3_fp8 emulation runs FA3's decode path in decode steps."""
+        return bool(self.kv.fa3_decode)
+
 
 def merged_engine_args(cfg: RunConfig, kv: KVConfig) -> dict[str, Any]:
     """vLLM EngineArgs for an arm: model config, then kv config, then engine config (later wins)."""

