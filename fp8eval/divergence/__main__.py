@@ -10,6 +10,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from fp8eval.core.paths import CONF_DIR
 from fp8eval.core.secrets import guard_std_streams
 from fp8eval.divergence.config import DivergenceRunConfig
 from fp8eval.registry import register_wing
@@ -23,7 +24,7 @@ def register() -> None:
 register()
 
 
-@hydra.main(config_path="../../conf", config_name="divergence", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="divergence", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     """`python -m fp8eval.divergence`: run it, print the table and the run directory; exit 2 on an fp8eval error or
     a ValueError, after printing it."""

@@ -10,6 +10,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from fp8eval.core.paths import CONF_DIR
 from fp8eval.pareto.config import ParetoRunConfig
 from fp8eval.registry import register_wing
 
@@ -42,7 +43,7 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(config_path="../../conf", config_name="pareto", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="pareto", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     """Run the sweep; exit 2 on an fp8eval error or a ValueError, after printing it."""
     from fp8eval.core.errors import Fp8evalError

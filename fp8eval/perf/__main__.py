@@ -12,7 +12,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from fp8eval.core.paths import display_path
+from fp8eval.core.paths import CONF_DIR, display_path
 from fp8eval.core.secrets import guard_std_streams
 from fp8eval.perf.config import PerfRunConfig
 from fp8eval.registry import register_wing
@@ -26,7 +26,7 @@ def register() -> None:
 register()
 
 
-@hydra.main(config_path="../../conf", config_name="perf", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="perf", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     """`python -m fp8eval.perf`: run the sweep, print the table and the run directory; exit 2 when no arm measured
     anything."""

@@ -19,6 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from fp8eval.core.errors import Fp8evalError
+from fp8eval.core.paths import CONF_DIR
 from fp8eval.power.config import PowerRunConfig
 from fp8eval.registry import register_wing
 
@@ -31,7 +32,7 @@ def register() -> None:
 register()
 
 
-@hydra.main(config_path="../../conf", config_name="power", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="power", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     """Plan every task of the config, print the plans and the run dir; exit 2 on a question it cannot answer."""
     from fp8eval.power.planner import format_plans, plan_all

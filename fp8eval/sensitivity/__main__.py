@@ -12,7 +12,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from fp8eval.core.paths import display_path
+from fp8eval.core.paths import CONF_DIR, display_path
 from fp8eval.core.secrets import guard_std_streams
 from fp8eval.registry import register_wing
 from fp8eval.sensitivity.config import SensitivityRunConfig, unknown_key_message
@@ -26,7 +26,7 @@ def register() -> None:
 register()
 
 
-@hydra.main(config_path="../../conf", config_name="sensitivity", version_base="1.3")
+@hydra.main(config_path=str(CONF_DIR), config_name="sensitivity", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     """`python -m fp8eval.sensitivity`: rank the layers, write the run dir's outputs, print sensitivity.md (up to the
     heatmap) and the run directory; exit 2 on an fp8eval error."""
