@@ -224,6 +224,10 @@ def check_overrides(argv: list[str]) -> None:
         key, eq, value = ov.lstrip("+~").partition("=")
         if eq and "." not in key and "/" not in key:
             choices[key] = value
+    if choices.get("model") == "hf" and not any(o.lstrip("+").startswith("model.hf_id=") for o in overrides):
+        print("fp8eval: model=hf needs your model: model.hf_id=ORG/NAME (a hub id) or model.hf_id=/path/to/dir",
+              file=sys.stderr)
+        sys.exit(2)
     task_name = choices.get("task") or preset_task(choices.get("experiment")) or "niah"
     task_name = task_name.split(",")[0]
     top = _fields(RunConfig)

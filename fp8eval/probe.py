@@ -25,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from fp8eval.core.kvargs import key_value_flags
 from fp8eval.core.quant import fp8_roundtrip
 from fp8eval.core.secrets import guard_std_streams
 from fp8eval.engines.attention_emulation import (
@@ -203,9 +204,6 @@ def plot(result: dict, path: Path) -> None:
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
-    # Hydra-style spellings too (probe.emulate=true), as the other fp8eval apps take them.
-    argv = [{"probe.emulate=true": "--emulate", "probe.emulate=false": ""}.get(a, a) for a in argv]
-    argv = [a for a in argv if a]
     ap = argparse.ArgumentParser(prog="python -m fp8eval.probe", description=__doc__.split("\n\n")[0])
     ap.add_argument("--emulate", action="store_true", help="the reference engine's emulated curves only (CPU)")
     ap.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=None,
@@ -219,7 +217,8 @@ def _args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--align", choices=("products", "sum"), default=FAST_ACC_ALIGN,
                     help="emulated accumulator model: what a k-step aligns and truncates")
     ap.add_argument("--out", type=Path, default=None, help="run dir (default outputs/probe/<time>)")
-    return ap.parse_args(argv)
+    # Hydra-style spellings too (probe.emulate=true, lengths=1024,2048), as the other fp8eval apps take them.
+    return ap.parse_args(key_value_flags(argv, ap, prefixes=("probe",)))
 
 
 def _e(x) -> str:
