@@ -83,6 +83,7 @@ def test_argparse_tools_take_key_value(tmp_path):
     assert "Gate 80%" in (tmp_path / "b" / "report.md").read_text()
 
 
+@pytest.mark.slow  # three fake-engine runs: ~45 s on a loaded 2-core box
 def test_replay_reruns_a_saved_run_exactly_or_refuses_in_one_line(tmp_path):
     original = run_cli(tmp_path, [*FAST, "kv=fp8_e5m2", "seed=7"])
     run = last_path(original)
@@ -106,6 +107,7 @@ def test_replay_reruns_a_saved_run_exactly_or_refuses_in_one_line(tmp_path):
         assert expect in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.slow  # a three-process sweep: ~30 s on a loaded 2-core box
 def test_a_sweep_ends_with_one_combined_report(tmp_path):
     proc = run_cli(tmp_path, ["-m", "kv=fp8,fp8_e5m2", *FAST, "hydra.sweep.dir=sweep"])
     assert "combined report of the sweep: sweep/report" in proc.stdout
@@ -137,9 +139,24 @@ def test_your_own_model_in_one_line_reads_context_and_sampling_from_its_files(tm
     assert (cfg.model.sampling.temperature, cfg.model.sampling.top_p, cfg.model.sampling.top_k) == (0.6, 0.9, None)
     (own / "generation_config.json").write_text(json.dumps({"do_sample": False}))
     assert compose(["model=hf", f"model.hf_id={own}", "model.max_model_len=2048"]).model.sampling.temperature == 0.0
+
+
+@pytest.mark.slow  # a fake-engine run: ~20 s on a loaded 2-core box
+def test_your_own_model_runs_within_its_context(tmp_path):
+    own = _own_model(tmp_path)
     proc = run_cli(tmp_path, ["model=hf", f"model.hf_id={own}", "engine=fake", "anatomy=false",
                               "task.lengths=[512,4096]", "task.depths=[50]"])
     s = summary_of(proc)
     assert s["model"] == "my-model"
     # the 4096-token cell is built within the 3000 tokens config.json gives (the task fits it to the context)
     assert s["arms"]["fp8"]["n_scored"] == 2 and s["arms"]["fp8"]["mean_prompt_tokens"] < (512 + 3000) / 2 + 10
+
+
+def test_mrcr_offline_without_its_files_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty hub cache
+    proc = _fp8eval(["task=mrcr", "engine=fake", "progress=false", f"records_dir={tmp_path / 'r'}"], tmp_path,
+                    check=False)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert "HF_HUB_OFFLINE=1" in lines[0] and "task.synthetic=true" in lines[0] and "task.data_files" in lines[0]
