@@ -150,7 +150,7 @@ class EngineConfig:
     prefill_chunk: int = 8192  # tokens per forward in prefill; one chunk lets SDPA use its causal kernel
     model_cache_dir: Optional[str] = None  # where converted safetensors live (default ~/.cache/fp8eval)
     # fake engine
-    script: str = "echo_needle"  # a rule name from fp8eval.engines.fake, or a path to a JSONL script
+    script: str = "needle"  # a rule of fp8eval.engines.fake (needle | echo), const:TEXT, module:function or a JSONL file
     fail_after: Optional[int] = None  # raise after this many requests (tests crash handling)
     # server engine
     base_url: Optional[str] = None  # attach to this OpenAI-compatible URL; null = start vllm serve
