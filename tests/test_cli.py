@@ -58,7 +58,9 @@ def test_python_m_fp8eval_help_is_the_same_help(tmp_path):
     (["kv=fp9"], "no kv option 'fp9' (did you mean fp8?)"),
     (["task.lenghts=[1]"], "task has no 'lenghts' (did you mean lengths?)"),
     (["model=hf"], "model=hf needs your model: model.hf_id=ORG/NAME"),
-    (["repot", "x"], "unknown subcommand 'repot'; did you mean report?"),
+    (["repot", "x"], "unknown subcommand 'repot' (did you mean report?)"),
+    (["perf", "perf.lenghts=[1]"], "perf has no 'lenghts' (did you mean lengths?)"),
+    (["power", "powr.delta=3"], "unknown key 'powr.delta' (did you mean power?)"),
 ])
 def test_a_typo_or_type_error_is_one_line_with_the_fix(tmp_path, args, expect):
     proc = _fp8eval(args, tmp_path, check=False)

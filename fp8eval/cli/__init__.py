@@ -59,6 +59,13 @@ def main(argv: list[str] | None = None) -> int:
             print(text)
             return 0
     cmd = COMMANDS[name or "run"]
+    if cmd.config and cmd.name != "run":  # `run` checks its overrides itself (fp8eval.overrides)
+        from fp8eval.cli.help import key_problem
+
+        problem = key_problem(cmd, rest)
+        if problem:
+            print(f"fp8eval {cmd.name}: {problem}", file=sys.stderr)
+            return 2
     if cmd.name == "replay":
         from fp8eval.cli.replay import main as replay
 

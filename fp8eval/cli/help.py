@@ -104,11 +104,11 @@ def _default_option(cmd: Command, group: str) -> str | None:
 
 
 def suggestion(word: str, choices: list[str]) -> str:
-    """"; did you mean X?" for the closest choice, else ""."""
+    """" (did you mean X?)" for the closest choice, else ""."""
     import difflib
 
     close = difflib.get_close_matches(word, choices, n=1, cutoff=0.6)
-    return f"; did you mean {close[0]}?" if close else ""
+    return f" (did you mean {close[0]}?)" if close else ""
 
 
 def command_help(cmd: Command, topic: str | None) -> str | None:
@@ -116,3 +116,35 @@ def command_help(cmd: Command, topic: str | None) -> str | None:
     if cmd.config is None:
         return None
     return topic_help(cmd, topic) if topic else "\n".join(hydra_app_help(cmd))
+
+
+HYDRA_VALUE_FLAGS = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name", "-cn",
+                     "--config-dir", "-cd", "--info", "-i", "--experimental-rerun"}
+
+
+def key_problem(cmd: Command, argv: list[str]) -> str | None:
+    """A misspelt key of a Hydra subcommand, with the closest valid one: the top level, and one level under the
+    subcommand's own settings (`perf.lenghts`); model/kv/engine/task keys are left to the subcommand's own checks."""
+    root = schema(*cmd.schema)
+    groups = {g for g, _ in app_groups(CONF_DIR, cmd.config)}
+    top = {k.name for k in root.keys} | groups | {"hydra"}
+    skip = False
+    for arg in argv:
+        if skip or arg.startswith("-"):
+            skip = not skip and arg in HYDRA_VALUE_FLAGS
+            continue
+        key, eq, _ = arg.lstrip("+~").partition("=")
+        if not eq or "/" in key:
+            continue
+        head, _, rest = key.partition(".")
+        if head not in top:
+            return (f"unknown key {key!r}{suggestion(head, sorted(top))}; valid top-level keys of "
+                    f"`fp8eval {cmd.name}`: {', '.join(sorted(top - {'hydra'}))}")
+        if rest and head not in ("model", "kv", "engine", "task", "hydra"):
+            _, sub = lookup(root, head)
+            name = rest.split(".")[0]
+            if sub is not None and all(k.name != name for k in sub.keys):
+                valid = [k.name for k in sub.keys]
+                return (f"unknown key {key!r}: {head} has no {name!r}{suggestion(name, valid)}; valid keys under "
+                        f"{head}: {', '.join(sorted(valid))}")
+    return None
