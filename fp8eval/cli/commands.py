@@ -37,5 +37,6 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             prefixes=("probe",)),
     Command("knobaudit", "fp8eval.knobaudit", "start one arm and audit what vLLM really ran (outside a scored run)",
             prefixes=("knobaudit",)),
+    Command("up", "fp8eval.up", "start a run's vLLM servers and keep them alive so runs attach (up status, up down)"),
     Command("replay", "fp8eval.cli.replay", "rerun a saved run exactly from RUN_DIR/.hydra, or refuse in one line"),
 )}

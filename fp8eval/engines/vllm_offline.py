@@ -24,7 +24,7 @@ from typing import Any, Iterable, Iterator
 from fp8eval.config import RunConfig
 from fp8eval.engines import vllm_scoring
 from fp8eval.engines.audit import live as knob_live
-from fp8eval.engines.base import Choice, Completion, EngineError, Request
+from fp8eval.engines.base import Choice, Completion, EngineBase, EngineError, Request
 from fp8eval.engines.spec import ArmSpec
 from fp8eval.engines.vllm import args as vargs
 from fp8eval.engines.vllm import child as vchild
@@ -34,8 +34,9 @@ from fp8eval.engines.vllm import stats as vstats
 WORKER_MODULE = "fp8eval.engines.vllm_offline"
 
 
-class VLLMOfflineEngine:
+class VLLMOfflineEngine(EngineBase):
     kind = "vllm"
+    capabilities = vargs.OFFLINE_CAPABILITIES
 
     def __init__(self, cfg: RunConfig, arm: ArmSpec, shared: dict | None = None):
         self.cfg = cfg
@@ -72,8 +73,8 @@ class VLLMOfflineEngine:
         except EngineError:
             self.close()
             raise
-        self._child_log = self._child.log_text()
-        self.warnings = logscan.scan_log_lines(self._child_log.splitlines())
+        self.startup_log = self._child.log_text()
+        self.warnings = logscan.scan_log_lines(self.startup_log.splitlines())
         if reply.get("op") == "error":
             self.close()
             raise EngineError(self._startup_error(reply))
@@ -107,7 +108,7 @@ class VLLMOfflineEngine:
 
     def _startup_error(self, reply: dict) -> str:
         detail = f"{reply.get('type', 'Error')}: {reply.get('message', '')}".strip()
-        cause = logscan.root_cause_line(self._child_log)
+        cause = logscan.root_cause_line(self.startup_log)
         if cause and cause not in detail:
             detail = cause
         if reply.get("type") == "ModuleNotFoundError" and "vllm" in reply.get("message", ""):
