@@ -121,9 +121,10 @@ def knob_effects(cfg: RunConfig, kind: str, base: ArmSpec, control: ControlConfi
     def row(knob: str, value, effective: bool, why: str) -> None:
         rows.append({"knob": knob, "value": value, "effective": bool(effective), "why": why})
 
+    base_args = engine_class(kind).effective_engine_args(cfg, base)  # with the defaults the engine adds
     for k, v in plain(control.engine_args).items():
         knob = f"engine_args.{k}"
-        if base.engine_args.get(k) == v:
+        if base_args.get(k) == v:
             row(knob, v, False, f"the baseline already runs with {k}={v}")
         elif caps.all_engine_args and not external:
             row(knob, v, True, caps.engine_args_why)

@@ -81,7 +81,12 @@ def test_control_arm_is_the_baseline_with_the_controls_settings():
 
 
 @pytest.mark.parametrize("control,engine,extra,effective", [
-    ("eager", "vllm", [], {"engine_args.enforce_eager": True}),
+    # engine.cuda_graphs=auto runs the default job (256-token answers) eager already: the compiled control is the
+    # one that changes something there; with long answers (compiled) the eager one is.
+    ("eager", "vllm", [], {"engine_args.enforce_eager": False}),
+    ("compiled", "vllm", [], {"engine_args.enforce_eager": True}),
+    ("eager", "vllm", ["sampling.max_tokens=4096"], {"engine_args.enforce_eager": True}),
+    ("eager", "vllm", ["engine.cuda_graphs=on"], {"engine_args.enforce_eager": True}),
     ("eager", "vllm_cpu", [], {"engine_args.enforce_eager": False}),  # vllm_cpu is eager already
     ("compiled", "vllm_cpu", [], {"engine_args.enforce_eager": True}),
     ("eager", "reference", [], {"engine_args.enforce_eager": False}),
@@ -359,8 +364,8 @@ def test_divergence_noise_floor_on_the_reference_engine(tmp_path):
     from fp8eval.divergence.run import format_table, run
 
     try:
-        res = run(_cfg(tmp_path, "kv=fp8", "control=chunk", "control.engine.prefill_chunk=32"), tmp_path / "d",
-                  out=lambda s: None)
+        res = run(_cfg(tmp_path, "kv=fp8", "control=chunk", "control.engine.prefill_chunk=32", "divergence.path=prefill"),
+                  tmp_path / "d", out=lambda s: None)
     except Exception as e:  # noqa: BLE001
         pytest.skip(f"embedded model unavailable: {e}")
     floor = res["noise_floor"]
@@ -410,6 +415,8 @@ def test_divergence_batch1_control_with_a_vllm_like_engine(tmp_path, monkeypatch
             Eng.batches.append(len(batch))
             return [self._one(ids, k, len(batch)) for ids in batch]
 
+        decode_logprobs_many = prompt_logprobs_many  # the decode path (divergence.path=decode, the default)
+
         def close(self):
             pass
 
@@ -432,6 +439,9 @@ def test_divergence_batch1_control_with_a_vllm_like_engine(tmp_path, monkeypatch
     assert 0 < floor["overall"]["kl_mean"] < res["overall"]["kl_mean"]
     assert floor["kl_ratio"]["overall"] > 1
     assert res["arms"]["bf16-batch1"]["fingerprint"] != res["arms"]["bf16"]["fingerprint"]
+    # a prefill-chunk control changes nothing on the decode path alone: refused as inert, and taken on the prefill path
+    with pytest.raises(ControlError, match="divergence.path=decode: one token is prefilled"):
+        R.run(_cfg(tmp_path, "kv=fp8", "engine=vllm", "control=chunk"), tmp_path / "c", out=lambda s: None)
 
 
 def test_divergence_bf16_against_itself_is_one_arm(tmp_path, monkeypatch):

@@ -65,6 +65,11 @@ class Capabilities:
     attaches: bool = False
     seed_args: tuple[str, ...] = ()
     control_hint: str = ""  # which control=... options take effect on it, in words (the inert control's refusal)
+    # The decode path of its distributions (issue 35, fp8eval.divergence.paths): "probe" (`probe().decode_hidden`: one
+    # decode step per token), "forced" (`decode_logprobs_many`: generation forced to the passage by the logits processor
+    # `decode_logits_processor`, which the engine needs among its `logits_processors` engine arg at start) or "none".
+    decode_path: str = "none"
+    decode_logits_processor: str = ""
 
 
 def _cannot(engine, what: str, flag: str) -> NotImplementedError:
@@ -90,6 +95,12 @@ class EngineBase:
         adopt what was started, from `shared`); what was started, or None (the default: nothing, the arms start one
         after the other). vLLM on one GPU: fp8eval.engines.vllm.startup."""
         return None
+
+    @classmethod
+    def effective_engine_args(cls, cfg: Any, arm: Any) -> dict:
+        """The engine args this kind runs the arm with, defaults it adds included (vLLM: `enforce_eager` from
+        engine.cuda_graphs), before it starts: what a control arm's knobs are compared with."""
+        return dict(arm.engine_args)
 
     def token_count_key(self) -> dict | None:
         """The tokenizer's identity (token counts are then cached on disk); None: counts are not kept."""
@@ -132,6 +143,11 @@ class EngineBase:
     def prompt_logprobs_many(self, batch: list[list[int]], k: int) -> list[tuple[list, list]]:
         """`prompt_logprobs` of several sequences (engines that batch them override it)."""
         return [self.prompt_logprobs(ids, k) for ids in batch]
+
+    def decode_logprobs_many(self, batch: list[list[int]], k: int) -> list[tuple[list, list, list]]:
+        """`prompt_logprobs_many` from decode steps, the sequence forced (decode_path "forced"): top-k ids, top-k
+        log-probs and each next token's own log-prob, per sequence."""
+        raise _cannot(self, "give decode-path log-probs", "decode_path")
 
     def probe(self, policy: Any = None) -> ContextManager[Any]:
         """A context manager giving a probe of the loaded model under `policy` (None: the arm's own KV policy):

@@ -112,6 +112,7 @@ def odd_replicas(identities: list[dict]) -> list[tuple[int, list[str]]]:
 build_server_engine.capabilities = vargs.SERVER_CAPABILITIES  # type: ignore[attr-defined]  # what `server` can do
 # Kept-alive managed servers start side by side (engine.keep_alive); a pool of URLs starts nothing.
 build_server_engine.prestart = ServerEngine.prestart  # type: ignore[attr-defined]
+build_server_engine.effective_engine_args = ServerEngine.effective_engine_args  # type: ignore[attr-defined]
 
 
 @dataclasses.dataclass

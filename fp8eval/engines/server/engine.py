@@ -90,6 +90,12 @@ class ServerEngine(ManagedServerMixin, PreflightMixin, EngineBase):
             raise
 
     @classmethod
+    def effective_engine_args(cls, cfg, arm) -> dict:
+        if (cfg.engine.base_urls or {}).get(arm.name) or cfg.engine.base_url:
+            return dict(arm.engine_args)  # an external server's flags are its own
+        return {**arm.engine_args, **vargs.graphs_args(cfg, arm.engine_args)}
+
+    @classmethod
     def prestart(cls, arm_cfgs: list, shared: dict) -> dict | None:
         """engine.keep_alive: start every arm's server not yet running at once, each sized to share the GPU
         (fp8eval.engines.server.managed.prestart_kept); None otherwise (managed servers start one at a time)."""
