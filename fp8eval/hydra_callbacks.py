@@ -68,3 +68,30 @@ class RedactHydraFiles(Callback):
             path = Path(place) / "multirun.yaml"
             if path.is_file():
                 redact_file(path)
+
+
+class CombinedReport(Callback):
+    """A `-m` sweep of `python -m fp8eval` ends with one report over every run of the sweep (what
+    `python -m fp8eval.report SWEEP_DIR` writes), in `<sweep dir>/report`; a job's own report stays in its run dir.
+    Nothing when `report=false`, when the sweep is sharded, or when no job wrote a summary."""
+
+    def on_multirun_end(self, config: Any, **kwargs: Any) -> None:
+        """Write the combined report and print where it is; a failure is one line, the runs' results stand."""
+        import sys
+
+        from fp8eval.core.paths import display_path
+
+        sweep = _select(config, "hydra.sweep.dir")
+        if not sweep or _select(config, "report") is False or _select(config, "shard") is not None:
+            return
+        root = Path(str(sweep))
+        if len(list(root.rglob("summary.json"))) < 1:
+            return
+        try:
+            from fp8eval.report import write_report
+
+            out = write_report([root], root / "report")
+            print(f"combined report of the sweep: {display_path(out)}")
+        except Exception as e:  # noqa: BLE001 - every run's results are on disk; the report can be rerun
+            print(f"combined report: not written ({type(e).__name__}: {e}); rerun "
+                  f"`python -m fp8eval.report {display_path(root)}`", file=sys.stderr)

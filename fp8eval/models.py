@@ -118,6 +118,71 @@ def _complete(target: Path) -> bool:
     return (target / "config.json").exists() and (target / "model.safetensors").exists()
 
 
+# --- your own model (`model=hf model.hf_id=ORG/NAME`, conf/model/hf.yaml) -------------------------------------
+DEFAULT_CONTEXT = 8192  # ModelConfig.max_model_len's default, for a model whose config.json names none
+_CONTEXT_KEYS = ("max_position_embeddings", "max_sequence_length", "seq_length", "n_positions")
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+
+def _card_file(hf_id: str, filename: str, revision: str | None = None) -> dict:
+    """One JSON file of a model: from its local directory, else from the hub (its local cache first; no download
+    when the hub is unreachable). {} when the model has no such file or it cannot be had."""
+    local = Path(hf_id).expanduser()
+    if local.is_dir():
+        path = local / filename
+    else:
+        try:
+            from huggingface_hub import hf_hub_download, try_to_load_from_cache
+
+            cached = try_to_load_from_cache(hf_id, filename, revision=revision)
+            if isinstance(cached, str):
+                path = Path(cached)
+            elif prepare_offline() is not None:
+                return {}
+            else:
+                path = Path(hf_hub_download(hf_id, filename, revision=revision))
+        except Exception:  # noqa: BLE001 - no such file, a gated or unknown repo: the defaults stand
+            return {}
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def model_card_name(hf_id: str) -> str:
+    """A model option's name from its hub id or directory: `Qwen/Qwen3-8B` -> `qwen3-8b`."""
+    base = Path(str(hf_id).rstrip("/")).name or "model"
+    name = "".join(c if c.isalnum() or c in "._-" else "-" for c in base.lower()).lstrip(".-")
+    return name or "model"
+
+
+def model_card_value(hf_id: str, what: str):
+    """What the model's own files say: `context` (config.json's max_position_embeddings or the like, also under
+    text_config; else 8192), `chat_template` (whether its tokenizer has one; true when unknown), or a sampling
+    default from generation_config.json (temperature, top_p, top_k, min_p, repetition_penalty; None when it sets
+    none; temperature 0 when it says do_sample false), as vLLM takes them by default."""
+    if what == "context":
+        config = _card_file(hf_id, "config.json")
+        for node in (config, config.get("text_config") or {}):
+            for key in _CONTEXT_KEYS:
+                if isinstance(node.get(key), int) and node[key] > 0:
+                    return node[key]
+        return DEFAULT_CONTEXT
+    if what == "chat_template":
+        tok = _card_file(hf_id, "tokenizer_config.json")
+        local = Path(hf_id).expanduser()
+        if local.is_dir():
+            return bool(tok.get("chat_template")) or (local / "chat_template.jinja").is_file()
+        return bool(tok.get("chat_template")) if tok else True
+    if what in _SAMPLING_KEYS:
+        gen = _card_file(hf_id, "generation_config.json")
+        if what == "temperature" and gen.get("do_sample") is False:
+            return 0.0
+        value = gen.get(what)
+        return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+    raise ValueError(f"model card: unknown field {what!r} (context, chat_template, {', '.join(_SAMPLING_KEYS)})")
+
 
 # --- dummy weights (`model.dummy=true`) ---------------------------------------------------------------------
 DUMMY_NOTE = "DUMMY WEIGHTS (random, load_format=dummy): every score is meaningless; this run proves the path only"

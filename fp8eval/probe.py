@@ -22,18 +22,14 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from fp8eval.core.quant import fp8_roundtrip
+from fp8eval.core.kvargs import key_value_flags
 from fp8eval.core.secrets import guard_std_streams
-from fp8eval.engines.attention_emulation import (
-    FAST_ACC_ALIGN,
-    FAST_ACC_BITS,
-    FAST_ACC_K,
-    FAST_ACC_PROMOTE_EVERY,
-    fast_fp8_matmul,
-)
+
+# torch and the emulation (which imports it) are imported where they are used: `--help` answers without them.
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_LENGTHS = [1 << p for p in range(10, 21)]  # 1k .. 1M
 EMULATE_LENGTHS = [1 << p for p in range(10, 18)]  # 1k .. 128k: the CPU emulation walks the sum serially
@@ -49,6 +45,8 @@ class NoFP8GPU(RuntimeError):
 
 def fp8_gpu_problem() -> str | None:
     """Why the hardware probe cannot run here (None when it can)."""
+    import torch
+
     if not torch.cuda.is_available():
         return "no CUDA GPU is visible to torch"
     major, minor = torch.cuda.get_device_capability()
@@ -63,6 +61,10 @@ def fp8_gpu_problem() -> str | None:
 def inputs(length: int, seed: int, device) -> tuple[torch.Tensor, torch.Tensor]:
     """P [M, L] in [0, 256] (exp of N(0, 1) scores minus the row max, plus FA3's 2^8 offset) and
     V [L, N] ~ N(0, 1), both rounded to e4m3 and returned in float32."""
+    import torch
+
+    from fp8eval.core.quant import fp8_roundtrip
+
     g = torch.Generator(device="cpu").manual_seed(seed)
     s = torch.randn(M_ROWS, length, generator=g)
     p = torch.exp(s - s.amax(-1, keepdim=True)) * 256.0
@@ -76,6 +78,8 @@ def _rel(out: torch.Tensor, ref: torch.Tensor) -> float:
 
 def hardware_errors(p: torch.Tensor, v: torch.Tensor, ref: torch.Tensor) -> dict[str, float]:
     """torch._scaled_mm with fast accumulation on and off (unit scales: the inputs are exact e4m3 values)."""
+    import torch
+
     a = p.to(torch.float8_e4m3fn)
     b = v.t().contiguous().to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm wants its second operand
     one = torch.ones((), device=p.device, dtype=torch.float32)
@@ -87,8 +91,13 @@ def hardware_errors(p: torch.Tensor, v: torch.Tensor, ref: torch.Tensor) -> dict
 
 
 def emulated_errors(p: torch.Tensor, v: torch.Tensor, ref: torch.Tensor, bits: int,
-                    align: str = FAST_ACC_ALIGN) -> dict[str, float]:
+                    align: str | None = None) -> dict[str, float]:
     """The reference engine's accumulation model: without promotion, and promoted to FP32 every 128 keys."""
+    import torch
+
+    from fp8eval.engines.attention_emulation import FAST_ACC_ALIGN, FAST_ACC_PROMOTE_EVERY, fast_fp8_matmul
+
+    align = align or FAST_ACC_ALIGN
     fast = fast_fp8_matmul(p, v, bits=bits, align=align)
     # Promoted: each 128-key chunk through the reduced accumulator (all chunks at once, batched), the chunk
     # results then summed in FP32.
@@ -110,9 +119,16 @@ def emulated_errors(p: torch.Tensor, v: torch.Tensor, ref: torch.Tensor, bits: i
             "emulated_fa3_unfixed": _rel(unfixed, ref)}
 
 
-def probe(lengths: list[int], emulate_only: bool, seeds: int = 3, bits: int = FAST_ACC_BITS,
-          fit: bool = False, align: str = FAST_ACC_ALIGN) -> dict:
-    """The error curves; raises NoFP8GPU when the hardware probe is asked for and cannot run."""
+def probe(lengths: list[int], emulate_only: bool, seeds: int = 3, bits: int | None = None,
+          fit: bool = False, align: str | None = None) -> dict:
+    """The error curves (bits and align default to the reference engine's); raises NoFP8GPU when the hardware
+    probe is asked for and cannot run."""
+    import torch
+
+    from fp8eval.engines.attention_emulation import FAST_ACC_ALIGN, FAST_ACC_BITS, FAST_ACC_K, FAST_ACC_PROMOTE_EVERY
+
+    bits = FAST_ACC_BITS if bits is None else bits
+    align = align or FAST_ACC_ALIGN
     problem = fp8_gpu_problem()
     if problem and not emulate_only:
         raise NoFP8GPU(problem)
@@ -163,6 +179,8 @@ def fit_bits(lengths: list[int], hardware: list[float], device, candidates=range
     """Which accumulator model (what a k-step aligns: "products" or "sum") and width make the emulated
     fast-accumulation curve closest to the hardware's (seed 0, lengths up to 128k): the worst
     |log2(emulated / hardware)| per candidate; the best one names FAST_ACC_ALIGN / FAST_ACC_BITS to set."""
+    from fp8eval.engines.attention_emulation import fast_fp8_matmul
+
     pairs = [(n, h) for n, h in zip(lengths, hardware) if n <= up_to and h]
     data = [(inputs(n, 0, device), h) for n, h in pairs]
     worst = {}
@@ -203,9 +221,6 @@ def plot(result: dict, path: Path) -> None:
 
 
 def _args(argv: list[str]) -> argparse.Namespace:
-    # Hydra-style spellings too (probe.emulate=true), as the other fp8eval apps take them.
-    argv = [{"probe.emulate=true": "--emulate", "probe.emulate=false": ""}.get(a, a) for a in argv]
-    argv = [a for a in argv if a]
     ap = argparse.ArgumentParser(prog="python -m fp8eval.probe", description=__doc__.split("\n\n")[0])
     ap.add_argument("--emulate", action="store_true", help="the reference engine's emulated curves only (CPU)")
     ap.add_argument("--lengths", type=lambda s: [int(x) for x in s.split(",")], default=None,
@@ -215,11 +230,14 @@ def _args(argv: list[str]) -> argparse.Namespace:
     ap.add_argument("--fit", action="store_true",
                     help="GPU: also find the emulated accumulator model and width closest to the hardware "
                          "(1k-128k)")
-    ap.add_argument("--bits", type=int, default=FAST_ACC_BITS, help="emulated accumulator fraction bits")
-    ap.add_argument("--align", choices=("products", "sum"), default=FAST_ACC_ALIGN,
-                    help="emulated accumulator model: what a k-step aligns and truncates")
+    ap.add_argument("--bits", type=int, default=None,
+                    help="emulated accumulator fraction bits (default: the reference engine's FAST_ACC_BITS)")
+    ap.add_argument("--align", choices=("products", "sum"), default=None,
+                    help="emulated accumulator model: what a k-step aligns and truncates (default: the reference "
+                         "engine's FAST_ACC_ALIGN)")
     ap.add_argument("--out", type=Path, default=None, help="run dir (default outputs/probe/<time>)")
-    return ap.parse_args(argv)
+    # Hydra-style spellings too (probe.emulate=true, lengths=1024,2048), as the other fp8eval apps take them.
+    return ap.parse_args(key_value_flags(argv, ap, prefixes=("probe",)))
 
 
 def _e(x) -> str:

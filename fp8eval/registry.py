@@ -21,6 +21,7 @@ from fp8eval.config import (
     TaskConfig,
 )
 from fp8eval.core.rundir import register_resolver as register_unique_dir
+from fp8eval.models import model_card_name, model_card_value
 from fp8eval.tasks import task_config_classes
 
 
@@ -32,6 +33,10 @@ def register_resolvers() -> None:
 
     if not OmegaConf.has_resolver("calibrated"):
         OmegaConf.register_new_resolver("calibrated", calibrated)
+    # conf/model/hf.yaml: your own model's name, context and sampling defaults from its own files
+    if not OmegaConf.has_resolver("model_card"):
+        OmegaConf.register_new_resolver("model_card", model_card_value)
+        OmegaConf.register_new_resolver("model_card_name", model_card_name)
 
 
 def register_configs() -> None:

@@ -55,7 +55,7 @@ class RunError(Fp8evalError):
 
 
 def check_greedy_repeats(cfg: RunConfig, sampling: dict) -> None:
-    """Refuse repeats > 1 with greedy sampling (temperature 0), for every engine, before any request.
+    """Refuse repeats > 1 with greedy sampling (temperature 0), for every engine but fake, before any request.
 
     Greedy repeats are the same completion n times: wasted compute, a stderr that claims a spread it does
     not have, and vLLM refuses them outright ("n must be 1 when using greedy sampling"). Refusing, not

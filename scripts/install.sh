@@ -27,7 +27,9 @@ torch_cpu_source() {
   fi
 }
 if (( WHICH_TORCH )); then
-  torch_cpu_source "$PY"
+  SRC=$(torch_cpu_source "$PY")
+  [[ "$SRC" == local ]] && SRC="local (a torch==$TORCH_VERSION wheel pip already sees: PIP_FIND_LINKS, a wheelhouse)"
+  echo "$SRC"
   exit 0
 fi
 

@@ -49,4 +49,5 @@ def test_the_variable_overrides_the_public_index(tmp_path):
 
 def test_a_wheel_at_hand_wins_over_any_index(tmp_path):
     _fake_torch_wheel(tmp_path / "wheels")
-    assert _which(tmp_path, tmp_path / "wheels", index="http://mirror.example/whl/cpu") == "local"
+    line = _which(tmp_path, tmp_path / "wheels", index="http://mirror.example/whl/cpu")
+    assert line.startswith("local (a torch==2.13.0 wheel pip already sees"), line  # says what "local" means

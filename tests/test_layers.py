@@ -130,6 +130,7 @@ RANKS = {
     "sensitivity": 11,  # builds on divergence's measures and passages
     "pareto": 11,  # every KV format on one frontier: divergence's probe through the door
     "__main__": 12, "hydra_callbacks": 12, "up": 12,  # up: keeps a run's vLLM servers alive (the warm path)
+    "cli": 12,  # the `fp8eval` command: runs the tools by module name (runpy), explains keys from the sources
 }
 # The one import allowed to run back up: the `${calibrated:<strategy>}` resolver that every Hydra CLI shares
 # needs the calibration store to name the latest checkpoint.

@@ -151,7 +151,7 @@ def test_multirun_sweeps_kv(tmp_path):
 
 
 @pytest.mark.parametrize("args, needle", [
-    (["kv=fp9"], "Available options in 'kv'"),
+    (["kv=fp9"], "no kv option 'fp9' (did you mean fp8?); options: bf16"),
     (["task.bogus=1"], "Valid keys under task"),
     (["engine.nope=1"], "Valid keys under engine"),
     (["model.sampling.temp=1"], "Valid keys under model.sampling"),

@@ -6,8 +6,12 @@ import os
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
-CONF_DIR = PROJECT_ROOT / "conf"
-TASK_DATA_ROOT = PROJECT_ROOT / "tasks"
+# An installed wheel carries conf/ and tasks/ as package data in fp8eval/_data/ (setup.py's build step copies
+# them there); a checkout (editable install included) reads them in place.
+_SHIPPED = Path(__file__).resolve().parents[1] / "_data"
+DATA_ROOT = _SHIPPED if (_SHIPPED / "conf" / "config.yaml").is_file() else PROJECT_ROOT
+CONF_DIR = DATA_ROOT / "conf"
+TASK_DATA_ROOT = DATA_ROOT / "tasks"
 
 
 def cache_root() -> Path:

@@ -73,6 +73,8 @@ def corpus(root: Path, engine: str, overrides: list[str]) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     """CLI entry point."""
+    from fp8eval.core.kvargs import key_value_flags
+
     p = argparse.ArgumentParser(prog="python -m fp8eval.knobaudit", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -85,6 +87,9 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--out", type=Path)
     c.add_argument("--engine", default="vllm", choices=["vllm", "vllm_cpu", "reference"])
     c.add_argument("overrides", nargs="*", help="engine.engine_args.* overrides (vllm)")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("start", "corpus"):  # key=value too: out=R.json strict=true (fp8eval.core.kvargs)
+        argv = argv[:1] + key_value_flags(argv[1:], s if argv[0] == "start" else c, prefixes=("knobaudit",))
     a = p.parse_args(argv)
     if a.cmd == "start":
         result = start(a.overrides, a.strict)

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from fp8eval.arms import ArmEngines, ArmSpec
+from fp8eval.core.paths import CONF_DIR
 from fp8eval.engines.server import ServerEngine, parse_cache_config_info
 
-PERF_MODELS_DIR = Path(__file__).resolve().parents[2] / "conf" / "perf_models"
+PERF_MODELS_DIR = CONF_DIR / "perf_models"
 _LOG_CAPACITY = re.compile(r"KV cache size:\s*([\d,]+)\s*tokens")
 
 

@@ -9,6 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from fp8eval.core.kvargs import key_value_flags
 from fp8eval.core.secrets import guard_std_streams
 from fp8eval.metrics.pairing import PairingError
 from fp8eval.report import write_report
@@ -46,7 +47,8 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """Write the report, print each headline verdict, decision and worth line and the report directory; returns 0, or 2
     when the inputs cannot be paired or read."""
-    args = parser().parse_args(argv)
+    p = parser()  # key=value too, as the Hydra apps take them: stats.gate=90 is --gate 90 (fp8eval.core.kvargs)
+    args = p.parse_args(key_value_flags(sys.argv[1:] if argv is None else argv, p, prefixes=("report", "stats")))
 
     try:
         out = write_report(args.paths, args.out, n_boot=args.n_boot, level=args.level, seed=args.seed,

@@ -15,7 +15,8 @@ from omegaconf import MISSING
 from fp8eval.config import TaskConfig
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.hub import prepare_offline
-from fp8eval.tasks.base import PROJECT_ROOT, TASK_DATA_ROOT, Prompt, file_sha256
+from fp8eval.core.paths import DATA_ROOT
+from fp8eval.tasks.base import TASK_DATA_ROOT, Prompt, file_sha256
 from fp8eval.validate import InputError, read_jsonl_rows
 
 
@@ -34,12 +35,12 @@ class DataUnavailable(Fp8evalError):
 
 
 def resolve(path: str) -> Path:
-    """A data file path as given, else relative to the project root (so the defaults in conf/task/*.yaml
-    work from any working directory)."""
+    """A data file path as given, else relative to the project root, or to the installed package's data
+    (so the defaults in conf/task/*.yaml work from any working directory)."""
     p = Path(path).expanduser()
     if p.exists() or p.is_absolute():
         return p
-    return PROJECT_ROOT / p
+    return DATA_ROOT / p
 
 
 def read_rows(path: Path) -> list[dict[str, Any]]:

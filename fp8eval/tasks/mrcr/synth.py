@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from fp8eval.core.paths import PROJECT_ROOT
+from fp8eval.core.paths import PROJECT_ROOT, TASK_DATA_ROOT
 from fp8eval.core.seeds import rng_for
 from fp8eval.metrics.auc import MRCR_BINS, MRCR_LABELS, bucket_of
 
@@ -46,11 +46,11 @@ COLUMNS = (
 def default_haystack_dir() -> Path:
     """The project's shipped books, else the shared data copy beside the repository."""
     root = PROJECT_ROOT
-    for candidate in (root / "tasks" / "niah" / "haystack", root.parent / "shared" / "data" / "niah_haystack"):
+    for candidate in (TASK_DATA_ROOT / "niah" / "haystack", root.parent / "shared" / "data" / "niah_haystack"):
         if any(candidate.glob("pg*.txt")):
             return candidate
     raise FileNotFoundError(
-        f"no haystack books (pg*.txt) in {root / 'tasks/niah/haystack'} or "
+        f"no haystack books (pg*.txt) in {TASK_DATA_ROOT / 'niah/haystack'} or "
         f"{root.parent / 'shared/data/niah_haystack'}"
     )
 

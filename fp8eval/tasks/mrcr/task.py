@@ -17,6 +17,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from fp8eval.config import TaskConfig
+from fp8eval.core.errors import Fp8evalError
+from fp8eval.core.hub import offline_reason
 from fp8eval.core.paths import cache_root
 from fp8eval.metrics.arm import grouped
 from fp8eval.metrics.auc import EDGE_OF_LABEL, MRCR_EDGES, MRCR_LABELS, context_arena_auc
@@ -29,6 +31,10 @@ from fp8eval.tasks.mrcr.synth import GENERATOR_VERSION, default_haystack_dir, sy
 MRCR_REVISION = "f4c69fae7cf81f7ca26b9fee34b392a50f6b8a1d"
 NEEDLE_COUNTS = (2, 4, 8)
 DEFAULT_MAX_TOKENS = 4096  # answers are <= 3.89k chars; reasoning models need the model's own budget
+
+
+class MrcrDataUnavailable(Fp8evalError):
+    """The benchmark's parquet files cannot be had (offline and not cached, or the hub refused): one line."""
 
 
 @dataclass
@@ -130,19 +136,30 @@ class MrcrTask(Task):
     def _hub_files(self) -> tuple[list[Path], dict]:
         cfg = self.cfg
         names = [f"{n}needle/{n}needle_{k}.parquet" for n in sorted(cfg.needles) for k in (0, 1)]
+        advice = ("point task.data_files at local copies of those parquet files, or run task.synthetic=true "
+                  "(synthetic rows, not the benchmark)")
+        offline = offline_reason()  # decided in ~1.5 s: no minute of hub retries on an offline machine
         try:
-            from huggingface_hub import hf_hub_download
+            from huggingface_hub import hf_hub_download, try_to_load_from_cache
 
+            if offline is not None:
+                cached = [try_to_load_from_cache(cfg.dataset, n, revision=cfg.revision, repo_type="dataset")
+                          for n in names]
+                if all(isinstance(c, str) for c in cached):
+                    return [Path(c) for c in cached], {"dataset": cfg.dataset, "revision": cfg.revision,
+                                                       "files": names}
+                raise MrcrDataUnavailable(f"the hub is unreachable ({offline}) and {cfg.dataset}@{cfg.revision[:12]} "
+                                          f"({', '.join(names)}) is not in its local cache: {advice}")
             files = [
                 Path(hf_hub_download(cfg.dataset, name, repo_type="dataset", revision=cfg.revision))
                 for name in names
             ]
+        except MrcrDataUnavailable:
+            raise
         except Exception as e:
-            raise RuntimeError(
-                f"could not fetch {cfg.dataset}@{cfg.revision} ({', '.join(names)}) from the hub: {e}. "
-                "Offline, point task.data_files at local copies of those parquet files, or run "
-                "task.synthetic=true (synthetic rows, not the benchmark)."
-            ) from e
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise MrcrDataUnavailable(f"could not fetch {cfg.dataset}@{cfg.revision} ({', '.join(names)}) from the "
+                                      f"hub ({first}): {advice}") from e
         return files, {"dataset": cfg.dataset, "revision": cfg.revision, "files": names}
 
     def _synthetic_files(self) -> tuple[list[Path], dict]:
