@@ -101,6 +101,7 @@ class VLLMOfflineEngine(EngineBase):
 
     @classmethod
     def effective_engine_args(cls, cfg, arm) -> dict:
+        """The arm's engine args with `enforce_eager` as engine.cuda_graphs adds it."""
         return {**arm.engine_args, **vargs.graphs_args(cfg, arm.engine_args)}
 
     @classmethod

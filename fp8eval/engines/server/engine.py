@@ -91,6 +91,7 @@ class ServerEngine(ManagedServerMixin, PreflightMixin, EngineBase):
 
     @classmethod
     def effective_engine_args(cls, cfg, arm) -> dict:
+        """A managed server's args with `enforce_eager` as engine.cuda_graphs adds it; an external server's as declared."""
         if (cfg.engine.base_urls or {}).get(arm.name) or cfg.engine.base_url:
             return dict(arm.engine_args)  # an external server's flags are its own
         return {**arm.engine_args, **vargs.graphs_args(cfg, arm.engine_args)}

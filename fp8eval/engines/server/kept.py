@@ -24,6 +24,7 @@ from fp8eval.core.paths import cache_root
 
 
 def registry_dir() -> Path:
+    """Where the registry's files live: `<cache>/servers/`, one JSON file per server, named by its key."""
     return cache_root() / "servers"
 
 
@@ -36,6 +37,7 @@ def key_of(python: str, args: dict[str, Any], env: dict[str, str], extra_flags: 
 
 
 def pid_alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie does not)."""
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
@@ -72,6 +74,7 @@ def start_detached(cmd: list[str], log_path: Path, env: dict[str, str]) -> int:
 
 def register(key: str, url: str, pid: int, log_path: Path, arm: str, args: dict[str, Any],
              settings: dict[str, Any]) -> dict:
+    """Write a server's registry entry (atomically: a reader never sees half a file) and return it."""
     entry = {"key": key, "url": url, "pid": int(pid), "log": str(log_path), "arm": arm, "args": args,
              "launch_settings": settings, "started": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     registry_dir().mkdir(parents=True, exist_ok=True)
@@ -82,6 +85,7 @@ def register(key: str, url: str, pid: int, log_path: Path, arm: str, args: dict[
 
 
 def forget(key: str) -> None:
+    """Remove the registry entry of `key` (its server is not touched)."""
     (registry_dir() / f"{key}.json").unlink(missing_ok=True)
 
 

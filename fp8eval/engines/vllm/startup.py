@@ -67,6 +67,7 @@ def model_dir(args: dict[str, Any]) -> Path | None:
 
 
 def weights_bytes(directory: Path) -> int | None:
+    """The size of the checkpoint's weight files in `directory` (safetensors, else .bin), None when it has none."""
     files = list(directory.glob("*.safetensors")) or list(directory.glob("*.bin"))
     return sum(f.stat().st_size for f in files) or None
 
