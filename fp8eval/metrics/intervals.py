@@ -10,7 +10,12 @@ Pure functions over counts and numbers; no I/O, no randomness. Two methods, chos
   (his method 10).
 - **clustered** (repeats, or scores between 0 and 1): Fieller's interval for the ratio of the arms' cluster
   totals with a t quantile (n_clusters - 1 df), the variance of the per-cluster differences floored at what
-  one lost and one gained record would give: zero observed flips never make a zero-width interval.
+  one lost and one gained *flip event* would give, an event moving as many records of a cluster as the data
+  show move together (`together`: all of them when no flip shows otherwise). Zero observed flips never make
+  a zero-width interval, and repeats that move together buy no certainty (issue 36).
+
+Repeats that are the same answer again (greedy decoding: every repeat of a sample scored the same in both
+arms) are collapsed to one record before any of this (`collapse_repeats`): they carry no new information.
 
 Recovery = variant / baseline x 100 everywhere (`stats.recovery_pct`).
 """
@@ -168,16 +173,52 @@ class ClusterMoments:
     sbb: float  # variance of the baseline
     sdd: float  # variance of the difference (unfloored)
     sdb: float  # covariance of difference and baseline
+    together: float = 1.0  # records of a cluster that move as one flip event (1 .. k; `together`)
+
+
+def together(clusters: Sequence[Sequence[float]]) -> float:
+    """How many records of a cluster move together when one flips: 1 + (k0 - 1) rho, rho the intra-cluster
+    correlation of the per-record differences (one-way ANOVA estimator, clipped to [0, 1]), k0 the ANOVA's
+    mean cluster size. With no variance at all (no flip) nothing shows the records to be independent, so
+    all k0 of them are assumed to move together (rho = 1)."""
+    sizes = [len(c) for c in clusters if len(c)]
+    n, big_n = len(sizes), sum(sizes)
+    if n < 2 or big_n <= n:
+        return 1.0 if big_n <= n else float(big_n) / n
+    k0 = (big_n - sum(s * s for s in sizes) / big_n) / (n - 1)
+    grand = sum(sum(c) for c in clusters) / big_n
+    means = [sum(c) / len(c) for c in clusters if len(c)]
+    msb = sum(s * (m - grand) ** 2 for s, m in zip(sizes, means)) / (n - 1)
+    msw = sum((x - m) ** 2 for c, m in zip((c for c in clusters if len(c)), means) for x in c) / (big_n - n)
+    denom = msb + (k0 - 1.0) * msw
+    rho = 1.0 if denom <= 1e-15 else min(1.0, max(0.0, (msb - msw) / denom))
+    return 1.0 + (k0 - 1.0) * rho
+
+
+def collapse_repeats(pairs: Sequence[tuple], sample_of: Sequence[str] | None = None) -> list[tuple[str, float, float]]:
+    """Paired records `(cluster, baseline, variant)` with each sample's repeats collapsed to one record when
+    *every* sample's repeats are the same pair of scores (greedy decoding answers the same again: a repeat
+    then adds no information, and identical repeats must leave the CI and the MDE as at one repeat).
+    `sample_of[i]` names the sample of pairs[i] (default: its cluster). Unchanged otherwise."""
+    sample_of = list(sample_of) if sample_of is not None else [str(p[0]) for p in pairs]
+    seen: dict[str, tuple[str, float, float]] = {}
+    for (c, b, v), s in zip(pairs, sample_of):
+        first = seen.setdefault(str(s), (str(c), float(b), float(v)))
+        if (first[1], first[2]) != (float(b), float(v)):
+            return [(str(c), float(b), float(v)) for c, b, v in pairs]
+    return list(seen.values()) if len(seen) < len(pairs) else [(str(c), float(b), float(v)) for c, b, v in pairs]
 
 
 def cluster_moments(pairs: Sequence[tuple[str, float, float]]) -> ClusterMoments:
     """Moments of the per-cluster sums of paired records `(cluster, baseline, variant)`."""
     clusters: dict[str, list[float]] = {}
+    diffs: dict[str, list[float]] = {}
     for c, b, v in pairs:
         acc = clusters.setdefault(str(c), [0.0, 0.0, 0.0])
         acc[0] += float(b)
         acc[1] += float(v)
         acc[2] += 1
+        diffs.setdefault(str(c), []).append(float(v) - float(b))
     n = len(clusters)
     if n == 0:
         raise ValueError("cluster_moments needs at least one pair")
@@ -185,11 +226,12 @@ def cluster_moments(pairs: Sequence[tuple[str, float, float]]) -> ClusterMoments
     b = [a[0] / k for a in clusters.values()]
     d = [(a[1] - a[0]) / k for a in clusters.values()]
     mb, md = sum(b) / n, sum(d) / n
+    m = min(k, together(list(diffs.values())))
     if n < 2:
-        return ClusterMoments(n, k, mb, md, 0.0, 0.0, 0.0)
+        return ClusterMoments(n, k, mb, md, 0.0, 0.0, 0.0, m)
     return ClusterMoments(n, k, mb, md, sum((x - mb) ** 2 for x in b) / (n - 1),
                           sum((x - md) ** 2 for x in d) / (n - 1),
-                          sum((x - md) * (y - mb) for x, y in zip(d, b)) / (n - 1))
+                          sum((x - md) * (y - mb) for x, y in zip(d, b)) / (n - 1), m)
 
 
 def fieller_from_moments(m: ClusterMoments, level: float = 0.95, scale: float = 1.0) -> tuple[float, float]:
@@ -200,7 +242,7 @@ def fieller_from_moments(m: ClusterMoments, level: float = 0.95, scale: float = 
     n = m.n * scale
     if n < 2:
         return 0.0, math.inf
-    sdd = max(m.sdd, floor_variance(n, m.k))
+    sdd = max(m.sdd, floor_variance(n, m.k, m.together))
     t2 = t_quantile(0.5 + level / 2.0, n - 1) ** 2 / n
     # R in the set iff (mv - R mb)^2 <= t2 Var(v - R b); with e = R - 1, v - R b = d - e b:
     # (md - e mb)^2 <= t2 (sdd - 2 e sdb + e^2 sbb)  ->  qa e^2 - 2 qb e + qc <= 0
@@ -214,13 +256,15 @@ def fieller_from_moments(m: ClusterMoments, level: float = 0.95, scale: float = 
     return max(0.0, 1.0 + (qb - root) / qa), 1.0 + (qb + root) / qa
 
 
-def floor_variance(n_clusters: float, mean_cluster_size: float) -> float:
-    """Per-record variance of the per-cluster differences if one record of the run had been lost and
-    one gained and nothing else moved: 2 / (k^2 (n - 1)) for n clusters of k records. The floor that
-    keeps an interval from zero width when no flip was seen."""
+def floor_variance(n_clusters: float, mean_cluster_size: float, together: float = 1.0) -> float:
+    """Variance of the per-cluster mean differences if one flip event had lost `together` records of one
+    cluster, one had gained as many in another, and nothing else moved: 2 (m / k)^2 / (n - 1) for n
+    clusters of k records, m = together (1: one record; k: the whole cluster, what repeats that move
+    together or a cell's needles on one haystack give). The floor that keeps an interval from zero width
+    when no flip was seen, and repeats from buying certainty they do not carry."""
     if n_clusters < 2:
         return math.inf
-    return 2.0 / (mean_cluster_size ** 2 * (n_clusters - 1))
+    return 2.0 * (min(together, mean_cluster_size) / mean_cluster_size) ** 2 / (n_clusters - 1)
 
 
 # --- the dispatcher -------------------------------------------------------------------------------------
@@ -242,6 +286,14 @@ class RecoveryCI:
     def as_dict(self) -> dict:
         """The fields as a JSON-ready dict (inf and NaN as None)."""
         return {k: (None if isinstance(x, float) and not math.isfinite(x) else x) for k, x in asdict(self).items()}
+
+
+def check_right_at(right_at: float) -> float:
+    """right_at, or ValueError: a record is "right" at a score in (0, 1]; 0 calls every record right (no flip can
+    be seen) and above 1 none, so lost / gained and the binary interval would contradict the scores."""
+    if not (isinstance(right_at, (int, float)) and 0.0 < right_at <= 1.0):
+        raise ValueError(f"right_at is a score in (0, 1] (a record at or above it is right), got {right_at}")
+    return float(right_at)
 
 
 def is_binary(scores: Sequence[float]) -> bool:
@@ -273,7 +325,7 @@ def recovery_ci(pairs: Sequence[tuple[str, float, float]], level: float = 0.95,
     m = cluster_moments(pairs)
     lo, hi = fieller_from_moments(m, level)
     est = (m.mb + m.md) / m.mb if m.mb > 0 else math.nan
-    half = (t_quantile(0.5 + level / 2.0, m.n - 1) * math.sqrt(max(m.sdd, floor_variance(m.n, m.k)) / m.n)
+    half = (t_quantile(0.5 + level / 2.0, m.n - 1) * math.sqrt(max(m.sdd, floor_variance(m.n, m.k, m.together)) / m.n)
             if m.n > 1 else math.inf)
     return RecoveryCI(_pct(est), _pct(lo), _pct(hi), level, "fieller-clustered", 100 * m.md, 100 * (m.md - half),
                       100 * (m.md + half), n, m.n, lost, gained)
