@@ -3,7 +3,8 @@
 Pure functions over counts and numbers; no I/O, no randomness. Two methods, chosen by the data:
 
 - **binary** (every score 0 or 1, one paired record per cluster): the Bonett-Price hybrid Wilson score
-  interval for the ratio of paired proportions (Bonett & Price 2006; Fagerland, Lydersen & Laake 2017,
+  interval for the ratio of paired proportions, its lower end no higher than the exact one-way-loss bound
+  (`one_way_low`: FP8 usually only loses answers, and there Bonett-Price alone passes too often) (Bonett & Price 2006; Fagerland, Lydersen & Laake 2017,
   "Statistical Analysis of Contingency Tables", ch. 8). It uses the discordant pairs and adds a pseudo
   count to each, so nine pairs without a flip give 76-131 %, not the bootstrap's 100-100 %. The
   difference in points comes with Newcombe's (1998) square-and-add score interval for paired proportions
@@ -159,6 +160,61 @@ def bonett_price_ratio(both: float, gained: float, lost: float, level: float = 0
     l1, u1 = limits(n1)
     l2, u2 = limits(n2)
     return est, l1 / u2 if u2 > 0 else 0.0, u1 / l2 if l2 > 0 else math.inf
+
+
+def one_way_low(lost: float, n_right: float, level: float = 0.95) -> float:
+    """Exact lower end of recovery when the variant only loses: each of the baseline's n_right right answers
+    is lost with probability q, recovery = 1 - q, and the Clopper-Pearson upper end of q from `lost` of
+    n_right at one-sided (1 - level) / 2 gives 1 - q_high. The Bonett-Price lower end is below the gate
+    too often in this case (its pass rate at the gate reached 8.6 % at n = 100, benchmarks/stats_sim.py);
+    the binary CI's lower end is the smaller of the two, so pass is a one-sided (1 - level) / 2 test here."""
+    if n_right <= 0:
+        return 0.0
+    if lost >= n_right:
+        return 0.0
+    a = (1.0 - level) / 2.0
+    lo, hi = 0.0, 1.0  # P(Binomial(n_right, q) <= lost) = 1 - I_q(lost + 1, n_right - lost), falling in q
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if 1.0 - beta_inc(lost + 1.0, n_right - lost, mid) > a else (lo, mid)
+    return 1.0 - hi
+
+
+def cluster_one_way_low(clusters: dict[str, list[tuple[float, float]]], level: float = 0.95) -> float:
+    """`one_way_low` over clusters when the variant only lost (no cluster gained on net): the share of its
+    baseline each cluster lost counts as a (fractional) loss among the clusters the baseline scored in.
+    Exact when FP8 loses whole questions (or cells), conservative otherwise; inf (no bound) once a cluster
+    gained, where the Fieller interval alone judges. The t interval on such a skewed difference passed
+    9 % of runs at the gate (120 questions x 8, benchmarks/stats_sim.py)."""
+    shares, n = 0.0, 0
+    for recs in clusters.values():
+        b, v = sum(x for x, _ in recs), sum(y for _, y in recs)
+        if v > b + 1e-12:
+            return math.inf
+        if b > 0:
+            shares += (b - v) / b
+            n += 1
+    return one_way_low(shares, n, level) if n else math.inf
+
+
+def bonett_price_vec(both, gained, lost, level: float = 0.95):
+    """`bonett_price_ratio`'s (low, high) over arrays of tables (numpy), for the chance computations."""
+    import numpy as np
+
+    both, gained, lost = (np.asarray(x, dtype=float) for x in (both, gained, lost))
+    n1, n2, ns = both + gained, both + lost, both + gained + lost
+    a = np.sqrt((gained + lost + 2.0) / ((n1 + 1.0) * (n2 + 1.0)))
+    b = np.sqrt(np.maximum(1.0 - (n1 + 1.0) / (ns + 2.0), 0.0) / (n1 + 1.0))
+    c = np.sqrt(np.maximum(1.0 - (n2 + 1.0) / (ns + 2.0), 0.0) / (n2 + 1.0))
+    z = a / (b + c) * z_quantile(0.5 + level / 2.0)
+
+    def lim(x, sign):
+        root = z * np.sqrt(z * z + 4 * x * (1 - x / np.maximum(ns, 1.0)))
+        return (2 * x + z * z + sign * root) / (2 * (ns + z * z))
+
+    l1, u1, l2, u2 = lim(n1, -1), lim(n1, 1), lim(n2, -1), lim(n2, 1)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(u2 > 0, l1 / u2, 0.0), np.where(l2 > 0, u1 / l2, np.inf)
 
 
 # --- clustered (repeats, non-binary scores) ------------------------------------------------------------
@@ -319,11 +375,13 @@ def recovery_ci(pairs: Sequence[tuple[str, float, float]], level: float = 0.95,
         both = sum(1 for _, b, v in pairs if b == 1.0 and v == 1.0)
         neither = n - both - lost - gained
         est, lo, hi = bonett_price_ratio(both, gained, lost, level)
+        lo = min(lo, one_way_low(max(lost - gained, 0), both + lost, level))  # exact when FP8 only loses
         d, dlo, dhi = newcombe_paired_diff(both, gained, lost, neither, level)
         return RecoveryCI(_pct(est), _pct(lo), _pct(hi), level, "bonett-price", 100 * d, 100 * dlo, 100 * dhi,
                           n, n, lost, gained)
     m = cluster_moments(pairs)
     lo, hi = fieller_from_moments(m, level)
+    lo = min(lo, cluster_one_way_low(clusters, level))
     est = (m.mb + m.md) / m.mb if m.mb > 0 else math.nan
     half = (t_quantile(0.5 + level / 2.0, m.n - 1) * math.sqrt(max(m.sdd, floor_variance(m.n, m.k, m.together)) / m.n)
             if m.n > 1 else math.inf)

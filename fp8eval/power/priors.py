@@ -17,9 +17,8 @@ to 2 flip. A pilot replaces all of it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import dataclasses
+from dataclasses import dataclass
 
 from fp8eval.metrics.power import Variance
 
