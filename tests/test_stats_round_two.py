@@ -88,7 +88,7 @@ def test_more_samples_is_the_count_for_an_80_percent_chance():
     the count printed now decides 80 % of the time at the observed rates (issue 36 estimated ~126)."""
     pairs = [(str(i), b, v) for i, (b, v) in enumerate([(1.0, 1.0)] * 6 + [(1.0, 0.0)] + [(0.0, 0.0)] * 2)]
     e = verdict.entry(pairs, ST)
-    assert 115 <= e["more_samples"] <= 140 and "80 % chance to decide" in e["why"]
+    assert 115 <= e["more_samples"] <= 140 and "decide it with probability 80 %" in e["why"]
     assert verdict.decide_chance((6, 1, 0), 9, e["more_samples"], ST) >= 0.8
     assert verdict.decide_chance((6, 1, 0), 9, 74, ST) < 0.6
 

@@ -250,7 +250,7 @@ def explain(e: dict, st: GateSettings) -> str:
         more.append(f"about {e['more_samples']} more samples")
     if e.get("more_repeats") is not None:
         more.append(f"{e['more_repeats']} more repeats per sample")
-    need = (" or ".join(more) + f" would give a {st.power * 100:g} % chance to decide it if the observed rates"
+    need = (" or ".join(more) + f" would decide it with probability {st.power * 100:g} % if the observed rates"
             " are the truth") if more else \
         "the estimate sits at the gate: no amount of the same data decides it"
     return f"{ci} straddles the {st.gate:g}% gate{mde}; {need}"

@@ -153,7 +153,7 @@ def allocation(var: pw.Variance, n: int, k: int, alpha: float, power: float, gre
     fewer = max(1, k // 2)
     wider = n * k / fewer
     now, alt = pw.mde(var, n, k, alpha, power), pw.mde(var, wider, fewer, alpha, power)
-    pool = " (the dataset has no more: task=aime pools AIME 2022-2025)" if task.startswith("aime") else ""
+    pool = " (the dataset has no more: task=aime pools AIME 2022-2025)" if task in ("aime24", "aime25") else ""
     return (f"more questions beat more repeats: at the same {n * k} generations, {wider:.0f} questions x {fewer}"
             f" repeats detect {100 * alt:.2f} points where {n} x {k} detect {100 * now:.2f} (omega2"
             f" {var.omega2:.4g} shrinks only with questions){pool}")

@@ -77,7 +77,7 @@ def _more(row) -> str:
         parts.append(f"about {int(row.more_samples)} more samples")
     if math.isfinite(getattr(row, "more_repeats", math.nan)):
         parts.append(f"{int(row.more_repeats)} more repeats per sample")
-    return (" or ".join(parts) + " would give an 80 % chance to decide it if the observed rates are the truth"
+    return (" or ".join(parts) + " would decide it with probability 80 % if the observed rates are the truth"
             if parts else "")
 
 
