@@ -222,13 +222,46 @@ def control_cell(runs: int, seed: int, n: int = 30, k: int = 5) -> dict:
             "coverage_excess": round(cov_ex / runs, 4), "coverage_net_loss": round(cov_net / runs, 4)}
 
 
+def table(rows: list[dict]) -> str:
+    """The markdown table docs/statistics.md holds (section 8), from the rows of one run of this script."""
+    pct = lambda x: "–" if x is None else f"{100 * x:.1f}"  # noqa: E731
+    out = ["| design | keep at 90 % (≤ 2.5) | pass at the gate (2.5) | fail at the gate (2.5) | coverage 90 / 95 /"
+           " 100 % (95) | pass at 100 % | MDE pts: simulated power (80) |", "|---|---:|---:|---:|---|---:|---|"]
+    for r in rows:
+        if "keep@90" in r:
+            m = r["mde_power"]
+            out.append(f"| {r['design']} | {pct(r['keep@90'])} | {pct(r['pass@gate'])} | {pct(r['fail@gate'])} |"
+                       f" {pct(r['coverage@90'])} / {pct(r['coverage@gate'])} / {pct(r['coverage@100'])} |"
+                       f" {pct(r['pass@100'])} | {m.get('mde_pts')}: {pct(m.get('power'))} |")
+    out += ["", "| pilot table (both/lost/gained/neither) | more_samples printed | P(decided) simulated (80) |",
+            "|---|---:|---:|"]
+    out += [f"| {r['pilot']} | {r['more_samples']} | {pct(r.get('p_decided'))} |" for r in rows if "pilot" in r]
+    seq = [r for r in rows if "truth" in r]
+    if seq:
+        out += ["", "| design | truth | sequential pass / fail | mean samples sent | fixed n pass / fail | saving |",
+                "|---|---:|---|---:|---|---:|"]
+        out += [f"| {r['design']} | {r['truth']:g} | {pct(r['pass'])} / {pct(r['fail'])} | {r['mean_sent']} |"
+                f" {pct(r['fixed_pass'])} / {pct(r['fixed_fail'])} | {r['saving']}x |" for r in seq]
+    ctl = [r for r in rows if "coverage_excess" in r]
+    if ctl:
+        out += ["", "| design | coverage of the excess flip CI (95) | coverage of the net loss CI (95) |",
+                "|---|---:|---:|"]
+        out += [f"| {r['design']} | {pct(r['coverage_excess'])} | {pct(r['coverage_net_loss'])} |" for r in ctl]
+    return "\n".join(out)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=1000, help="simulated runs per cell")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fast", action="store_true", help="the small designs only (the tests' slice)")
     ap.add_argument("--out", default=None, help="write every row as JSON here")
+    ap.add_argument("--table", default=None, metavar="JSON", help="print the markdown table of a results file, run nothing")
     args = ap.parse_args(argv)
+    if args.table:
+        with open(args.table, encoding="utf-8") as f:
+            print(table(json.load(f)["rows"]))
+        return 0
     t0 = time.time()
     rows = []
     for d in (FAST if args.fast else DESIGNS):

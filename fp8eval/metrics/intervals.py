@@ -23,6 +23,7 @@ Recovery = variant / baseline x 100 everywhere (`stats.recovery_pct`).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import asdict, dataclass
 from statistics import NormalDist
@@ -162,6 +163,7 @@ def bonett_price_ratio(both: float, gained: float, lost: float, level: float = 0
     return est, l1 / u2 if u2 > 0 else 0.0, u1 / l2 if l2 > 0 else math.inf
 
 
+@functools.lru_cache(maxsize=65536)
 def one_way_low(lost: float, n_right: float, level: float = 0.95) -> float:
     """Exact lower end of recovery when the variant only loses: each of the baseline's n_right right answers
     is lost with probability q, recovery = 1 - q, and the Clopper-Pearson upper end of q from `lost` of
@@ -195,6 +197,17 @@ def cluster_one_way_low(clusters: dict[str, list[tuple[float, float]]], level: f
             shares += (b - v) / b
             n += 1
     return one_way_low(shares, n, level) if n else math.inf
+
+
+def one_way_passes(lost: float, n_right: float, gate: float, level: float = 0.95) -> bool:
+    """Whether `one_way_low(lost, n_right, level) >= gate` (gate a fraction), with one binomial tail instead of a
+    bisection: P(Binomial(n_right, 1 - gate) <= lost) <= (1 - level) / 2."""
+    if n_right <= 0 or lost >= n_right:
+        return False
+    q0 = 1.0 - gate
+    if q0 <= 0:
+        return False
+    return 1.0 - beta_inc(lost + 1.0, n_right - lost, q0) <= (1.0 - level) / 2.0
 
 
 def bonett_price_vec(both, gained, lost, level: float = 0.95):
