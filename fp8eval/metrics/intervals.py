@@ -374,6 +374,7 @@ def recovery_ci(pairs: Sequence[tuple[str, float, float]], level: float = 0.95,
                 right_at: float = 0.5) -> RecoveryCI:
     """The recovery CI of paired records `(cluster, baseline_score, variant_score)`: Bonett-Price when the
     scores are binary and every cluster holds one pair, else clustered Fieller (module docstring)."""
+    check_right_at(right_at)
     if not pairs:
         nan = math.nan
         return RecoveryCI(nan, nan, nan, level, "none", nan, nan, nan, 0, 0, 0, 0)
@@ -394,7 +395,8 @@ def recovery_ci(pairs: Sequence[tuple[str, float, float]], level: float = 0.95,
                           n, n, lost, gained)
     m = cluster_moments(pairs)
     lo, hi = fieller_from_moments(m, level)
-    lo = min(lo, cluster_one_way_low(clusters, level))
+    if is_binary(scores):  # whole questions lost; a fractional share of a graded score is no binomial count
+        lo = min(lo, cluster_one_way_low(clusters, level))
     est = (m.mb + m.md) / m.mb if m.mb > 0 else math.nan
     half = (t_quantile(0.5 + level / 2.0, m.n - 1) * math.sqrt(max(m.sdd, floor_variance(m.n, m.k, m.together)) / m.n)
             if m.n > 1 else math.inf)
