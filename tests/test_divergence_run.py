@@ -10,6 +10,8 @@ pytest.importorskip("transformers")
 
 from fp8eval.divergence.__main__ import register  # noqa: E402
 from fp8eval.divergence.run import run  # noqa: E402
+from fp8eval.engines.base import EngineBase  # noqa: E402
+from fp8eval.engines.vllm.args import OFFLINE_CAPABILITIES  # noqa: E402
 
 
 def _cfg(tmp_path, *overrides):
@@ -58,11 +60,12 @@ class _FakeTok:
         return {"input_ids": [1] + [ord(c) % 50 for c in text]}
 
 
-class _FakeVLLM:
+class _FakeVLLM(EngineBase):
     """Answers prompt_logprobs like the vLLM engine: top-k of a position-seeded distribution; the fp8 arm
     perturbs it."""
 
     kind = "vllm"
+    capabilities = OFFLINE_CAPABILITIES
     calls = 0
 
     def __init__(self, cfg, kv, shared=None, kind=None):

@@ -8,24 +8,22 @@ top-k); a rerun loads what exists and computes only what is missing.
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from omegaconf import OmegaConf
 
 import fp8eval.control as controls
-from fp8eval.arms import ArmEngines, open_engines, resolve_arms
-from fp8eval.config import bf16_cache_spelling, kv_fingerprint_view
+from fp8eval.arms import ArmEngines, arm_material, kv_view, open_engines, resolve_arms
 from fp8eval.core.hashing import canonical_json, fingerprint_hash
 from fp8eval.core.secrets import redact_obj
 from fp8eval.divergence import measures as M
 from fp8eval.divergence import sources
 from fp8eval.divergence.documents import Passage, load_tokenizer, passages, read_texts, text_passages
-from fp8eval.engines import resolve_kind
+from fp8eval.engines import resolve_kind, with_topk
 
 SCHEMA = 1
 TOPK_NOTE = ("KL over the tokens in both arms' top-k prompt_logprobs, both distributions renormalised to that "
@@ -35,31 +33,15 @@ TOPK_NOTE = ("KL over the tokens in both arms' top-k prompt_logprobs, both distr
 EXACT_NOTE = "KL over the full vocabulary from both arms' logits (exact)."
 
 
-def _plain(obj) -> dict:
-    if dataclasses.is_dataclass(obj):
-        return OmegaConf.to_container(OmegaConf.structured(obj), resolve=True)
-    return dict(obj)
-
-
 def arm_fingerprint(cfg, engine, kv, kind: str, control=None) -> tuple[str, dict]:
     """sha256 over everything that can change an arm's per-passage result (`kv`: a KVConfig or an ArmSpec;
-    `control`: the control config of a control arm, None otherwise)."""
-    model = _plain(cfg.model)
-    for k in ("name", "notes", "sampling", "env"):
-        model.pop(k, None)
-    if not model.get("dummy"):
-        model.pop("dummy", None)  # only dummy-weight runs carry it
-    kv_d = _plain(getattr(kv, "kv", kv))
-    for k in ("name", "description"):
-        kv_d.pop(k, None)
-    kv_d = kv_fingerprint_view(kv_d)
+    `control`: the control config of a control arm, None otherwise), and its material (fp8eval.arms.arm_material)."""
+    kv_d = kv_view(kv)
     kept: object = kind if kind == "hidden" else {"topk": int(cfg.divergence.topk)}
     if kind != "hidden" and int(getattr(cfg.divergence, "batch", 1)) != 1:  # only then: older results keep theirs
         kept = {**kept, "batch": int(cfg.divergence.batch)}
-    material = {"divergence_schema": SCHEMA, "model": model, "engine": engine.describe(), "kv": kv_d, "kept": kept}
-    material = bf16_cache_spelling(material, (kv_d.get("engine_args") or {}).get("dtype"))
-    if control is not None:
-        material["control"] = controls.material(control)
+    material = arm_material(cfg, kv, engine.describe(), {"divergence_schema": SCHEMA, "kept": kept}, kv_d=kv_d,
+                            dtype=(kv_d.get("engine_args") or {}).get("dtype"), control=control)
     return fingerprint_hash(material), material
 
 
@@ -92,13 +74,10 @@ class ArmCache:
         tmp.replace(self.path(p))  # whole or absent: a killed run never leaves half a result
 
 
-def _engine_cfg(cfg):
-    """vLLM returns at most max_logprobs (default 20) log-probs per position: raise it to topk."""
-    if resolve_kind(cfg) == "vllm" and int(cfg.divergence.topk) > 20:
-        args = dict(cfg.engine.engine_args)
-        args.setdefault("max_logprobs", int(cfg.divergence.topk))
-        cfg.engine.engine_args = args
-    return cfg
+def engine_cfg(cfg):
+    """The run config with room for `divergence.topk` log-probs per position where the engine caps them (vLLM's
+    max_logprobs, 20 by default: fp8eval.engines.with_topk)."""
+    return with_topk(cfg, int(cfg.divergence.topk))
 
 
 def _topk_measures(base_ids, base_lp, var_ids, var_lp):
@@ -107,22 +86,21 @@ def _topk_measures(base_ids, base_lp, var_ids, var_lp):
     return kl, M.top1_from_topk(*args), M.dlogp_from_topk(*args), n_shared
 
 
-def _measures(base: dict, var: dict, ref_engine, n_pos: int, topk: int):
-    """Per-position (kl, top1, dlogp, n_shared or None) over positions 0..n_pos-1; for the reference engine
-    also the same measures from each arm's top-k only (what vLLM's prompt_logprobs would have given), so
-    an emulation can be set against the real kernel on the same footing."""
+def position_measures(base: dict, var: dict, probe, n_pos: int, topk: int):
+    """Per-position (kl, top1, dlogp, n_shared or None) over positions 0..n_pos-1; for hidden states (`probe`: the
+    engine's probe that made them, `engine.probe()`) also the same measures from each arm's top-k only (what
+    vLLM's prompt_logprobs would have given), so an emulation can be set against the real kernel on the same
+    footing."""
     if "hidden" not in base:
         n = n_pos
         return _topk_measures(base["ids"][:n], base["logprobs"][:n], var["ids"][:n], var["logprobs"][:n]), None
     import torch
 
-    ref_engine._load()  # a fully resumed run has not loaded the model yet
-    vocab = ref_engine._model.get_output_embeddings().weight.shape[0]
-    step = max(16, (1 << 24) // vocab)  # ~16M logits a slice per arm
+    step = max(16, (1 << 24) // probe.vocab_size)  # ~16M logits a slice per arm
     exact, approx = [], []
     for s in range(0, n_pos, step):
-        lb = sources.logits_from_hidden(ref_engine, base["hidden"][s:min(s + step, n_pos)])
-        lv = sources.logits_from_hidden(ref_engine, var["hidden"][s:min(s + step, n_pos)])
+        lb = probe.logits(base["hidden"][s:min(s + step, n_pos)])
+        lv = probe.logits(var["hidden"][s:min(s + step, n_pos)])
         exact.append((M.kl_from_logits(lb, lv), M.top1_from_logits(lb, lv), M.dlogp_from_logits(lb, lv)))
         tb = torch.log_softmax(lb.double(), -1).topk(topk, dim=-1)
         tv = torch.log_softmax(lv.double(), -1).topk(topk, dim=-1)
@@ -135,24 +113,18 @@ def _measures(base: dict, var: dict, ref_engine, n_pos: int, topk: int):
 def _arms(cfg, out) -> tuple[list, dict | None]:
     """[baseline, variant(, control)] as ArmSpecs (one arm when the variant is the baseline), and the control's
     summary block. A BF16 variant whose engine args differ from the baseline's stays a second arm."""
-    arms = resolve_arms(cfg)
+    arms = resolve_arms(cfg, control=True)
     if len(arms) == 1:
         arms = [arms[0], arms[0]]  # the variant compared with itself (KL 0): one arm computed once
-    control = controls.control_of(cfg)
-    if control is None:
-        return arms, None
-    arms = controls.with_control_arm(cfg, arms)
-    kind = resolve_kind(cfg)
-    effects = controls.knob_effects(cfg, kind, arms[0], control, {"temperature": 0.0}, 1)
-    for r in effects:  # prefill only: a batch cap matters only when passages go to vLLM together
-        if r["knob"] == "engine_args.max_num_seqs" and int(cfg.divergence.batch) <= 1:
-            r.update(effective=False, why="passages are prefilled one at a time (divergence.batch=1)")
-        if r["knob"] == "seed_offset":
-            r.update(effective=False, why="prefill only: nothing is sampled")
-    effective = controls.check_effective(control, kind, effects)
-    if not effective:
-        out(f"note: control={control.name} changes nothing on the {kind} engine here (control.allow_inert=true)")
-    return arms, controls.describe(control, kind, effects, effective)
+
+    def prefill_only(effects: list[dict]) -> None:  # this wing's own knob rules
+        for r in effects:  # a batch cap matters only when passages go to the engine together
+            if r["knob"] == "engine_args.max_num_seqs" and int(cfg.divergence.batch) <= 1:
+                r.update(effective=False, why="passages are prefilled one at a time (divergence.batch=1)")
+            if r["knob"] == "seed_offset":
+                r.update(effective=False, why="prefill only: nothing is sampled")
+
+    return arms, controls.preflight(cfg, arms, {"temperature": 0.0}, 1, prefill_only, out)
 
 
 def _compute_arm(cfg, engine, arm, docs, records: Path, out) -> tuple[dict, dict, str]:
@@ -163,7 +135,7 @@ def _compute_arm(cfg, engine, arm, docs, records: Path, out) -> tuple[dict, dict
     cache = ArmCache(records, fp, material)
     got = {p.key: cache.load(p) for p in docs}
     todo = [p for p in docs if got[p.key] is None]
-    batch = max(1, int(cfg.divergence.batch)) if kind == "topk" and hasattr(engine, "prompt_logprobs_many") else 1
+    batch = max(1, int(cfg.divergence.batch)) if kind == "topk" else 1
     for i in range(0, len(todo), batch):
         part = todo[i:i + batch]
         t = time.perf_counter()
@@ -178,18 +150,18 @@ def _compute_arm(cfg, engine, arm, docs, records: Path, out) -> tuple[dict, dict
         out(f"{arm.name}: {len(part)} passage(s), {sum(p.length for p in part)} tokens in {time.perf_counter() - t:.1f} s")
     info = {"fingerprint": fp, "cache": str(cache.dir), "passages_computed": len(todo),
             "passages_reused": len(docs) - len(todo)}
-    if hasattr(engine, "preflight"):
+    if engine.preflight is not None:
         info["preflight"] = engine.preflight
     return got, info, kind
 
 
-def _compare(docs, base: dict, var: dict, ref_engine, edges, topk: int) -> dict:
+def _compare(docs, base: dict, var: dict, probe, edges, topk: int) -> dict:
     """The measures of one arm against the baseline over every passage: buckets, overall, by length, top-k view."""
     overall, by_length, topk_view = M.BucketAccumulator(edges=edges), {}, M.BucketAccumulator(edges=edges)
     shared_counts = []
     for p in docs:
         n_pos = p.length - 1  # the distribution after the last token predicts nothing in the passage
-        main, approx = _measures(base[p.key], var[p.key], ref_engine, n_pos, topk)
+        main, approx = position_measures(base[p.key], var[p.key], probe, n_pos, topk)
         kl, top1, dlogp, n_shared = main
         pos = np.arange(n_pos)
         overall.add(pos, kl, top1, dlogp)
@@ -228,7 +200,7 @@ def _run(cfg, run_dir: Path, door: ArmEngines, out) -> dict:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     dcfg = cfg.divergence
-    cfg = _engine_cfg(cfg)
+    cfg = engine_cfg(cfg)
     records = Path(cfg.records_dir).expanduser()
     records = records if records.is_absolute() else Path.cwd() / records
     arms, control_info = _arms(cfg, out)
@@ -268,7 +240,11 @@ def _run(cfg, run_dir: Path, door: ArmEngines, out) -> dict:
                 door.close(engine)
     edges = tuple(int(e) for e in dcfg.edges)
     topk = int(dcfg.topk)
-    main = _compare(docs, data[base_arm.name], data[var_arm.name], ref_engine, edges, topk)
+    probe_of = ref_engine.probe() if ref_engine is not None else contextlib.nullcontext()
+    with probe_of as probe:  # the engine that made hidden states turns them into logits
+        main = _compare(docs, data[base_arm.name], data[var_arm.name], probe, edges, topk)
+        floor = (_compare(docs, data[base_arm.name], data[arms[2].name], probe, edges, topk)
+                 if control_info is not None else None)
     result = {
         "model": cfg.model.name, "kv": var_arm.name, "baseline": base_arm.name, "engine": resolve_kind(cfg),
         "method": "exact_full_vocabulary" if kind == "hidden" else "topk_shared_renormalised",
@@ -286,7 +262,6 @@ def _run(cfg, run_dir: Path, door: ArmEngines, out) -> dict:
         if key in main:
             result[key] = main[key]
     if control_info is not None:  # the noise floor: the control arm against the same baseline
-        floor = _compare(docs, data[base_arm.name], data[arms[2].name], ref_engine, edges, topk)
         floor.pop("topk_shared_mean", None)
         ratio = {b: _ratio(v["kl_mean"], (floor["buckets"].get(b) or {}).get("kl_mean"))
                  for b, v in result["buckets"].items()}

@@ -21,7 +21,7 @@ from fp8eval.config import (
     emulation_in_effect,
 )
 from fp8eval.core.hub import known_offline_reason
-from fp8eval.engines.base import Choice, Completion, EngineError, Request
+from fp8eval.engines.base import Capabilities, Choice, Completion, EngineBase, EngineError, Request
 from fp8eval.engines.prompting import check_template_kwargs, plain_prompt_text
 from fp8eval.engines.spec import ArmSpec
 
@@ -35,8 +35,13 @@ def _version(pkg: str) -> str | None:
         return None
 
 
-class ReferenceEngine:
+class ReferenceEngine(EngineBase):
     kind = "reference"
+    capabilities = Capabilities(
+        distributions="hidden", switches_kv_policy=True, loglikelihood=True, teacher_force=True,
+        prefill_chunking="engine", engine_fields=("prefill_chunk",),
+        honoured_args=(("max_num_seqs", "batch_cap", "decodes a request's repeats in batches of at most max_num_seqs"),),
+        control_hint="control=chunk, or control=batch1 / control=seed with sampled repeats")
 
     def __init__(self, cfg: RunConfig, arm: ArmSpec, shared: dict | None = None):
         self.cfg = cfg
@@ -232,6 +237,19 @@ class ReferenceEngine:
         from fp8eval.engines.audit.live import audit_reference
 
         self.knob_audit = audit_reference(self)  # refuses (AuditError) a policy that is not what the arm asks
+
+    @property
+    def kv_policy(self):
+        """This arm's KV policy (`fp8eval.engines.kvcache.KVPolicy`), the model loaded first."""
+        self._load()
+        return self._policy
+
+    def probe(self, policy=None):
+        """The loaded model under `policy` (None: this arm's) as a context manager: per-position hidden states and
+        logits of a token sequence (`fp8eval.engines.reference_probe.Probe`)."""
+        from fp8eval.engines.reference_probe import open_probe
+
+        return open_probe(self, policy)
 
     def audit_now(self) -> dict:
         """Load the model (if not yet) and return the knob audit of this arm's KV policy."""

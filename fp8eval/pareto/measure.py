@@ -44,12 +44,11 @@ class Probe:
                     self.out(f"{arm.name}: {p.book} {p.length} tokens in {time.perf_counter() - t:.1f} s")
                 data[p.key] = got
             info["fingerprint"] = fp
-            pre = getattr(engine, "preflight", None)
+            pre = engine.preflight
             if pre:
                 info["preflight"] = {k: pre.get(k) for k in ("vllm_version", "cache_dtype", "attention_backend",
                                                              "kv_cache_dtype_skip_layers", "device_name")}
-            log = getattr(engine, "_child_log", "") or ""
-            caps = _CAPACITY.findall(log)
+            caps = _CAPACITY.findall(engine.startup_log)
             if caps:
                 info["kv_capacity_tokens"] = int(caps[-1].replace(",", ""))
         finally:
@@ -69,15 +68,19 @@ class Probe:
         """KL, top-1 agreement and |dlogp| per position bucket, as the divergence probe reports them."""
         edges = tuple(int(e) for e in self.cfg.divergence.edges)
         acc, topk_view = M.BucketAccumulator(edges=edges), M.BucketAccumulator(edges=edges)
+        import contextlib
+
         import numpy as np
 
-        for p in self.docs:
-            n_pos = p.length - 1
-            main, approx = D._measures(base[p.key], var[p.key], self.ref_engine, n_pos, int(self.cfg.divergence.topk))
-            pos = np.arange(n_pos)
-            acc.add(pos, *main[:3])
-            if approx is not None:
-                topk_view.add(pos, *approx[:3])
+        with self.ref_engine.probe() if self.ref_engine is not None else contextlib.nullcontext() as probe:
+            for p in self.docs:
+                n_pos = p.length - 1
+                main, approx = D.position_measures(base[p.key], var[p.key], probe, n_pos,
+                                                   int(self.cfg.divergence.topk))
+                pos = np.arange(n_pos)
+                acc.add(pos, *main[:3])
+                if approx is not None:
+                    topk_view.add(pos, *approx[:3])
         res = {"overall": acc.overall(), "buckets": acc.result(),
                "method": "exact_full_vocabulary" if self.kind == "hidden" else "topk_shared_renormalised"}
         if topk_view.sums:
