@@ -52,14 +52,13 @@ def up(overrides: list[str]) -> int:
     from omegaconf import OmegaConf
 
     from fp8eval.arms import open_engines, resolve_arms
-    from fp8eval.control import with_control_arm
     from fp8eval.registry import register_configs
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = OmegaConf.to_object(compose("config", overrides=[*overrides, "engine=server"]))
     cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, keep_alive=True))
-    arms = with_control_arm(cfg, resolve_arms(cfg))
+    arms = resolve_arms(cfg, control=True)  # a control arm too, checked at the door
     with open_engines(cfg, kind="server") as door:
         info = door.prestart(arms)
         for arm in arms:
@@ -89,4 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from fp8eval.core.secrets import guard_std_streams
+
+    guard_std_streams()  # the servers' URLs it prints are redacted (fp8eval.core.secrets)
     sys.exit(main())

@@ -364,8 +364,8 @@ def test_divergence_noise_floor_on_the_reference_engine(tmp_path):
     from fp8eval.divergence.run import format_table, run
 
     try:
-        res = run(_cfg(tmp_path, "kv=fp8", "control=chunk", "control.engine.prefill_chunk=32"), tmp_path / "d",
-                  out=lambda s: None)
+        res = run(_cfg(tmp_path, "kv=fp8", "control=chunk", "control.engine.prefill_chunk=32", "divergence.path=prefill"),
+                  tmp_path / "d", out=lambda s: None)
     except Exception as e:  # noqa: BLE001
         pytest.skip(f"embedded model unavailable: {e}")
     floor = res["noise_floor"]
@@ -415,6 +415,8 @@ def test_divergence_batch1_control_with_a_vllm_like_engine(tmp_path, monkeypatch
             Eng.batches.append(len(batch))
             return [self._one(ids, k, len(batch)) for ids in batch]
 
+        decode_logprobs_many = prompt_logprobs_many  # the decode path (divergence.path=decode, the default)
+
         def close(self):
             pass
 
@@ -437,6 +439,9 @@ def test_divergence_batch1_control_with_a_vllm_like_engine(tmp_path, monkeypatch
     assert 0 < floor["overall"]["kl_mean"] < res["overall"]["kl_mean"]
     assert floor["kl_ratio"]["overall"] > 1
     assert res["arms"]["bf16-batch1"]["fingerprint"] != res["arms"]["bf16"]["fingerprint"]
+    # a prefill-chunk control changes nothing on the decode path alone: refused as inert, and taken on the prefill path
+    with pytest.raises(ControlError, match="divergence.path=decode: one token is prefilled"):
+        R.run(_cfg(tmp_path, "kv=fp8", "engine=vllm", "control=chunk"), tmp_path / "c", out=lambda s: None)
 
 
 def test_divergence_bf16_against_itself_is_one_arm(tmp_path, monkeypatch):

@@ -19,14 +19,14 @@ PKG = Path(__file__).resolve().parents[1] / "fp8eval"
 # The facts, per engine kind, as docs/ARCHITECTURE.md states them ("Engine protocol").
 TABLE = {
     "fake": dict(distributions="none", loglikelihood=True, teacher_force=True, follows_sampling=False,
-                 prefill_chunking="none", early_counter="", switches_kv_policy=False),
+                 prefill_chunking="none", early_counter="", switches_kv_policy=False, decode_path="none"),
     "reference": dict(distributions="hidden", loglikelihood=True, teacher_force=True, follows_sampling=True,
-                      prefill_chunking="engine", early_counter="", switches_kv_policy=True),
+                      prefill_chunking="engine", early_counter="", switches_kv_policy=True, decode_path="probe"),
     "vllm": dict(distributions="topk", loglikelihood=True, teacher_force=True, follows_sampling=True,
                  prefill_chunking="scheduler", early_counter="fp8eval.engines.vllm.early:TokenizerWorker",
-                 switches_kv_policy=False),
+                 switches_kv_policy=False, decode_path="forced"),
     "server": dict(distributions="none", loglikelihood=True, teacher_force=True, follows_sampling=True,
-                   prefill_chunking="none", early_counter="", switches_kv_policy=False),
+                   prefill_chunking="none", early_counter="", switches_kv_policy=False, decode_path="none"),
 }
 # A capability flag and the EngineBase method an engine must override to have it.
 METHOD_OF = {"loglikelihood": "loglikelihood", "teacher_force": "teacher_force"}
@@ -63,6 +63,11 @@ def test_each_engine_class_declares_its_facts_and_has_what_it_declares(kind):
             assert getattr(caps, flag) == _overrides(cls, method), (cls.__name__, flag)
         assert (caps.distributions == "topk") == _overrides(cls, "prompt_logprobs"), cls.__name__
         assert (caps.distributions == "hidden") == _overrides(cls, "probe"), cls.__name__
+        assert (caps.decode_path == "forced") == _overrides(cls, "decode_logprobs_many"), cls.__name__
+    assert caps.decode_path in ("probe", "forced", "none") and (caps.decode_path == "forced") == bool(
+        caps.decode_logits_processor)
+    if caps.decode_path == "probe":
+        assert caps.distributions == "hidden"
     if caps.switches_kv_policy:
         assert caps.distributions == "hidden"  # the policy is switched through the probe
     if caps.early_counter:

@@ -1,5 +1,6 @@
-"""`python -m fp8eval.divergence`: prefill-only divergence of a kv arm's next-token distributions from its
-baseline's, per position bucket. Writes divergence.json (+ divergence.png) and prints the run dir last."""
+"""`python -m fp8eval.divergence`: divergence of a kv arm's next-token distributions from its baseline's, per
+position bucket, on the decode path, the prefill path or both (divergence.path). Writes divergence.json (+
+divergence.png) and prints the run dir last."""
 
 from __future__ import annotations
 

@@ -1,10 +1,12 @@
-"""Where an arm's next-token distributions come from: whatever its engine's `capabilities.distributions` says.
+"""Where an arm's next-token distributions come from: whatever its engine's `capabilities.distributions` says, on the
+kernel path `divergence.path` names (fp8eval.divergence.paths).
 
 - "hidden" (the reference engine): the final hidden state at every position, through the engine's public probe
-  (`engine.probe()`: one prefill through the emulated cache, in the engine's prefill chunks); logits are made
-  from it only when compared (lm_head per slice), so an 8k x 49k logit matrix never exists whole and the kept
-  per-passage result is small.
-- "topk" (vLLM): the top-k of `prompt_logprobs` at every position (vLLM returns no full distributions).
+  (`engine.probe()`: one prefill through the emulated cache, in the engine's prefill chunks; or, on the decode path,
+  `probe.decode_hidden`: one decode step per token); logits are made from it only when compared (lm_head per slice),
+  so an 8k x 49k logit matrix never exists whole and the kept per-passage result is small.
+- "topk" (vLLM): the top-k of `prompt_logprobs` at every position (vLLM returns no full distributions), or of its
+  decode steps with the passage forced (`decode_logprobs_many`, fp8eval.engines.vllm.forced).
 """
 
 from __future__ import annotations
@@ -24,10 +26,27 @@ def source_kind(engine) -> str:
     return kind
 
 
-def compute(engine, ids: tuple[int, ...], topk: int) -> dict[str, np.ndarray]:
-    """One passage through one arm: {"hidden": [L, d]} or {"ids": [L-1, k], "logprobs": [L-1, k]}."""
+def compute(engine, ids: tuple[int, ...], topk: int, path: str = "prefill") -> dict[str, np.ndarray]:
+    """One passage through one arm on one kernel path (fp8eval.divergence.paths): {"hidden": [L, d]} or {"ids":
+    [L-1, k], "logprobs": [L-1, k](, "token_logprobs": [L-1])}."""
     if source_kind(engine) == "hidden":
         with engine.probe() as probe:
-            return {"hidden": probe.hidden(ids)}
-    got_ids, got_lp = engine.prompt_logprobs(list(ids), topk)
-    return {"ids": np.asarray(got_ids, dtype=np.int64), "logprobs": np.asarray(got_lp, dtype=np.float32)}
+            return {"hidden": probe.hidden(ids) if path == "prefill" else probe.decode_hidden(ids)}
+    return topk_result(topk_rows(engine, path)([list(ids)], topk)[0])
+
+
+def topk_rows(engine, path: str):
+    """The engine's call that gives several passages' top-k rows on `path` in one go (EngineError when it has none)."""
+    if path != "decode":
+        return engine.prompt_logprobs_many
+    if engine.capabilities.decode_path != "forced":
+        raise EngineError(f"the {engine.kind} engine has no decode-path log-probs; use divergence.path=prefill")
+    return engine.decode_logprobs_many
+
+
+def topk_result(row) -> dict[str, np.ndarray]:
+    """(top-k ids, top-k log-probs[, own token's log-probs]) as the arrays kept per passage."""
+    out = {"ids": np.asarray(row[0], dtype=np.int64), "logprobs": np.asarray(row[1], dtype=np.float32)}
+    if len(row) > 2:
+        out["token_logprobs"] = np.asarray(row[2], dtype=np.float32)
+    return out

@@ -65,6 +65,11 @@ class Capabilities:
     attaches: bool = False
     seed_args: tuple[str, ...] = ()
     control_hint: str = ""  # which control=... options take effect on it, in words (the inert control's refusal)
+    # The decode path of its distributions (issue 35, fp8eval.divergence.paths): "probe" (`probe().decode_hidden`: one
+    # decode step per token), "forced" (`decode_logprobs_many`: generation forced to the passage by the logits processor
+    # `decode_logits_processor`, which the engine needs among its `logits_processors` engine arg at start) or "none".
+    decode_path: str = "none"
+    decode_logits_processor: str = ""
 
 
 def _cannot(engine, what: str, flag: str) -> NotImplementedError:
@@ -138,6 +143,11 @@ class EngineBase:
     def prompt_logprobs_many(self, batch: list[list[int]], k: int) -> list[tuple[list, list]]:
         """`prompt_logprobs` of several sequences (engines that batch them override it)."""
         return [self.prompt_logprobs(ids, k) for ids in batch]
+
+    def decode_logprobs_many(self, batch: list[list[int]], k: int) -> list[tuple[list, list, list]]:
+        """`prompt_logprobs_many` from decode steps, the sequence forced (decode_path "forced"): top-k ids, top-k
+        log-probs and each next token's own log-prob, per sequence."""
+        raise _cannot(self, "give decode-path log-probs", "decode_path")
 
     def probe(self, policy: Any = None) -> ContextManager[Any]:
         """A context manager giving a probe of the loaded model under `policy` (None: the arm's own KV policy):

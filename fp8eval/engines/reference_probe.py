@@ -8,8 +8,8 @@
 
 What wings (divergence, sensitivity, pareto) use instead of the engine's private state: the policy is active for
 the `with` block only (the one before it comes back after), the model is loaded on entry, and the prefill tokens
-a probe runs are counted in the engine's `computed_prefill_tokens`. A decode-path probe (one token at a time
-after a chunked prefill, as generation computes it) can sit beside `hidden` with the same shape of call.
+a probe runs are counted in the engine's `computed_prefill_tokens`. `decode_hidden(ids)` is the decode path
+(issue 35): the first token alone, then one decode step per token, as generation computes them.
 """
 
 from __future__ import annotations
@@ -56,6 +56,24 @@ class Probe:
                 out.append(h.last_hidden_state[0].float().cpu())
                 self._engine.computed_prefill_tokens += min(self._chunk, x.shape[1] - start)
         return torch.cat(out).numpy()
+
+    def decode_hidden(self, ids) -> np.ndarray:
+        """The last hidden state at every position of `ids` as the decode path computes it: the first token alone, then
+        one decode step per token through the policy's cache, in a cache with room for all of them (what generation
+        runs): [len(ids), hidden] float32. `python -m fp8eval.divergence divergence.path=decode`."""
+        import torch
+
+        from fp8eval.engines.reserved_cache import reserved_cache
+
+        x = torch.tensor([list(ids)], device=self._device)
+        rows = []
+        with torch.inference_mode():
+            cache = reserved_cache(self._model.config, x.shape[1])
+            for i in range(x.shape[1]):
+                h = self._model.model(input_ids=x[:, i:i + 1], past_key_values=cache, use_cache=True).last_hidden_state
+                rows.append(h[0, -1].float().cpu())
+        self._engine.computed_prefill_tokens += 1
+        return torch.stack(rows).numpy()
 
     def logits(self, hidden: np.ndarray) -> Any:
         """lm_head (and the model's final logit soft-capping, if any) on a slice of hidden states (a torch tensor)."""

@@ -8,6 +8,7 @@ import re
 import time
 
 from fp8eval.divergence import measures as M
+from fp8eval.divergence import paths as P
 from fp8eval.divergence import run as D
 from fp8eval.divergence import sources
 
@@ -32,18 +33,19 @@ class Probe:
         try:
             kind = sources.source_kind(engine)
             self.kind = kind
-            fp, material = D.arm_fingerprint(self.cfg, engine, kv, kind)
+            path = P.primary(str(self.cfg.divergence.path))  # both: the frontier is drawn from the decode path
+            fp, material = D.arm_fingerprint(self.cfg, engine, kv, kind, path=path)
             cache = D.ArmCache(self.records, fp, material)
             data = {}
             for p in self.docs:
                 got = cache.load(p)
                 if got is None:
                     t = time.perf_counter()
-                    got = sources.compute(engine, p.ids, int(self.cfg.divergence.topk))
+                    got = sources.compute(engine, p.ids, int(self.cfg.divergence.topk), path)
                     cache.save(p, got)
                     self.out(f"{arm.name}: {p.book} {p.length} tokens in {time.perf_counter() - t:.1f} s")
                 data[p.key] = got
-            info["fingerprint"] = fp
+            info["fingerprint"], info["path"] = fp, path
             pre = engine.preflight
             if pre:
                 info["preflight"] = {k: pre.get(k) for k in ("vllm_version", "cache_dtype", "attention_backend",

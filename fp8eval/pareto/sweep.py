@@ -105,7 +105,7 @@ def run(cfg, run_dir: Path, out=print) -> dict:
     layout = layout_from_config(_model_config(cfg))
     points = plan(cfg)
     settings = {"model": dataclasses.asdict(cfg.model), "engine": dataclasses.asdict(cfg.engine),
-                "baseline": cfg.baseline, "divergence": dataclasses.asdict(cfg.divergence),
+                "baseline": cfg.baseline, "divergence": _divergence_settings(cfg.divergence),
                 "pareto": dataclasses.asdict(p), "schema": SCHEMA}
     fp = fingerprint_hash(settings)
     # Feasibility first: nothing vLLM cannot serve is measured or recommended.
@@ -193,7 +193,16 @@ def _point_fingerprint(probe_cfg, key: str, docs) -> str:
     return fingerprint_hash({"schema": SCHEMA, "key": key, "passages": [d.key for d in docs],
                              "model": dataclasses.asdict(probe_cfg.model),
                              "engine": dataclasses.asdict(probe_cfg.engine), "baseline": probe_cfg.baseline,
-                             "divergence": dataclasses.asdict(probe_cfg.divergence)})
+                             "divergence": _divergence_settings(probe_cfg.divergence)})
+
+
+def _divergence_settings(d) -> dict:
+    """The divergence settings a sweep's fingerprints see: `path` only when it is not prefill, so sweeps made before
+    the decode path existed (all prefill) keep theirs."""
+    out = dataclasses.asdict(d)
+    if out.get("path") == "prefill":
+        out.pop("path")
+    return out
 
 
 def _partial(run_dir: Path, cfg, points, probe, errors) -> None:

@@ -45,11 +45,13 @@ def fingerprint(cfg, describe: dict, variant_kv, baseline_kv) -> tuple[str, dict
     engine = dict(describe)
     if isinstance(engine.get("kv"), dict) and "skip_layers" in engine["kv"]:
         engine["kv"] = {**engine["kv"], "skip_layers": normal_skip(engine["kv"]["skip_layers"])}
-    material = arm_material(cfg, variant_kv, engine, {
-        "sensitivity_schema": SCHEMA, "baseline": kv_view(baseline_kv, normal_skip),
-        "edges": [int(e) for e in cfg.sensitivity.edges]},
-        model=model_view(cfg.model, ("name", "notes", "sampling"), keep_dummy=True),
-        kv_d=kv_view(variant_kv, normal_skip))
+    extra = {"sensitivity_schema": SCHEMA, "baseline": kv_view(baseline_kv, normal_skip),
+             "edges": [int(e) for e in cfg.sensitivity.edges]}
+    if str(getattr(cfg.sensitivity, "path", "prefill")) != "prefill":  # only then: prefill runs keep theirs
+        extra["path"] = str(cfg.sensitivity.path)
+    material = arm_material(cfg, variant_kv, engine, extra,
+                            model=model_view(cfg.model, ("name", "notes", "sampling"), keep_dummy=True),
+                            kv_d=kv_view(variant_kv, normal_skip))
     return fingerprint_hash(material), material
 
 

@@ -54,6 +54,7 @@ class Passes:
             raise SensitivityError(f"kv={cfg.kv.name} keeps a {self.engine.cache_dtype} cache: nothing to rank. "
                                    f"Use an FP8 kv option (kv=fp8, fp8_e5m2, fp8_calibrated, fp8_per_head).")
         self.ignored_skip = list(self.engine.skip_layers)
+        self.path = str(getattr(getattr(cfg, "sensitivity", None), "path", "prefill"))
         self.tokenizer = self.engine.tokenizer()
         self.arm: KVPolicy = dataclasses.replace(self.engine.kv_policy, skip_layers=())
         self.bf16: KVPolicy = base.kv_policy
@@ -83,9 +84,10 @@ class Passes:
             raise SensitivityError(str(e)) from e
 
     def hidden(self, policy: KVPolicy, ids) -> np.ndarray:
-        """Final hidden states [T, hidden] of one prefill with `policy` as every layer's cache."""
+        """Final hidden states [T, hidden] of one pass with `policy` as every layer's cache: one prefill, or decode steps
+        (sensitivity.path=decode)."""
         with self.engine.probe(policy) as probe:
-            return probe.hidden(tuple(ids))
+            return probe.hidden(tuple(ids)) if self.path == "prefill" else probe.decode_hidden(tuple(ids))
 
     def logits(self, hidden: np.ndarray):
         """Logits of a slice of final hidden states (the model's lm_head, soft-capping included)."""
