@@ -166,8 +166,10 @@ def more_samples_cell(name: str, runs: int, seed: int) -> dict:
     for _ in range(runs):
         add = rng.multinomial(more, probs)
         b2, l2, g2 = both + add[0], lost + add[1], gained + add[2]
-        _, lo, hi = intervals.bonett_price_ratio(b2, g2, l2)
-        hits += verdict.decide(100 * lo, 100 * hi, GATE) in ("pass", "fail")
+        pairs2 = ([("x", 1.0, 1.0)] * b2 + [("x", 1.0, 0.0)] * l2 + [("x", 0.0, 1.0)] * g2
+                  + [("x", 0.0, 0.0)] * (neither + add[3]))
+        ci = intervals.recovery_ci([(str(i), b, v) for i, (_, b, v) in enumerate(pairs2)])  # the verdict's CI
+        hits += verdict.decide(ci.low, ci.high, GATE) in ("pass", "fail")
     return {"pilot": name, "more_samples": more, "p_decided": round(hits / runs, 4), "claim": 0.8}
 
 
@@ -256,6 +258,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--fast", action="store_true", help="the small designs only (the tests' slice)")
     ap.add_argument("--out", default=None, help="write every row as JSON here")
+    ap.add_argument("--part", choices=["pilots"], default=None,
+                    help="rerun only this part and replace its rows in --out (an existing results file)")
     ap.add_argument("--table", default=None, metavar="JSON", help="print the markdown table of a results file, run nothing")
     args = ap.parse_args(argv)
     if args.table:
@@ -263,6 +267,16 @@ def main(argv: list[str] | None = None) -> int:
             print(table(json.load(f)["rows"]))
         return 0
     t0 = time.time()
+    if args.part == "pilots":
+        with open(args.out, encoding="utf-8") as f:
+            kept = json.load(f)
+        new = [more_samples_cell(name, args.runs, args.seed) for name in PILOTS]
+        kept["rows"] = [r for r in kept["rows"] if "pilot" not in r] + new
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(kept, f, indent=1)
+            f.write("\n")
+        print("\n".join(json.dumps(r) for r in new))
+        return 0
     rows = []
     for d in (FAST if args.fast else DESIGNS):
         rows.append(fixed_cell(d, args.runs, args.seed))
