@@ -104,6 +104,7 @@ class AimePooledTask(AimeTask):
     config_class = AimePooledConfig
 
     def _rows(self) -> list[dict]:
+        """The local files' rows, else the two hub datasets' (2022-2024, then 2025)."""
         if self.cfg.data_files:
             return rd.task_rows(self)
         return (rd.load_hub(self.name, self.cfg.dataset, None, self.cfg.split, self.cfg.revision)
