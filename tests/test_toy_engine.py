@@ -106,6 +106,7 @@ def test_the_toy_engine_runs_the_divergence_probe_with_its_noise_floor(tmp_path,
         cfg = OmegaConf.to_object(hydra_compose(config_name="divergence", overrides=[
             "engine=fake", *toy, f"records_dir={tmp_path / 'records'}", "divergence.lengths=[64,80]",
             "divergence.documents=2", "divergence.topk=5", "divergence.batch=4", "divergence.plot=false",
+            "divergence.path=prefill",  # the toy engine declares no decode path (capabilities.decode_path)
             "kv=fp8", "control=batch1"]))
     res = R.run(cfg, tmp_path / "d", out=lambda s: None)
     assert res["engine"] == KIND and res["method"] == "topk_shared_renormalised"
@@ -124,4 +125,5 @@ def test_an_engine_that_gives_no_distributions_is_refused_by_the_probe_in_one_li
 
     monkeypatch.setattr(R, "load_tokenizer", lambda model: _FakeTok())
     with pytest.raises(EngineError, match="the toy engine gives none"):
-        R.run(_cfg(tmp_path, "engine=fake", *toy, "divergence.lengths=[64]"), tmp_path / "b", out=lambda s: None)
+        R.run(_cfg(tmp_path, "engine=fake", *toy, "divergence.lengths=[64]", "divergence.path=prefill"), tmp_path / "b",
+              out=lambda s: None)
