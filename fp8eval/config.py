@@ -287,7 +287,9 @@ class StopConfig:
     round_size: int = 16  # samples per bucket added each round
     alpha_cs: float = 0.01  # the part of stats.alpha the confidence sequence spends over all looks
     cap: float = 0.8  # the betting fraction's cap (docs/statistics.md)
-    by: str = "auto"  # group family whose values stop apart (auto: the context-length family); "" = whole task
+    # group family whose values stop apart (auto: the context-length family; alpha is split across its buckets);
+    # "" (default) = the whole task, one bucket: the design whose savings docs/statistics.md measures
+    by: str = ""
 
 
 @dataclass

@@ -208,6 +208,8 @@ def format_lines(summary: dict) -> list[str]:
         lo, hi = c["ci"]
         out.append(f"  excess flip rate of {variant} over the control: {100 * c['excess_flip_rate']:+.1f} points, "
                    f"{100 * c['level']:.0f}% CI [{100 * lo:+.1f}, {100 * hi:+.1f}] (paired, by sample)")
+    if c.get("reading"):  # direction, net loss, "no evidence" (fp8eval.metrics.noise.reading)
+        out.append(f"  {c['reading']}")
     inert = [r for r in c.get("knobs") or [] if not r["effective"]]
     for r in inert:
         out.append(f"  {r['knob']}={r['value']}: no effect here ({r['why']})")

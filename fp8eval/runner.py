@@ -472,7 +472,7 @@ class Runner:
                                                  GateSettings(**plain(cfg.stats)), task.cluster_of)
         if self.rounds is not None:
             summary["sequential"] = self.rounds.summary(self.views[arms[0].name].records,
-                                                        self.views[arms[1].name].records)
+                                                        self.views[arms[1].name].records, summary.get("verdict"))
         if control_info is not None:  # the variant's flips next to the control's, and the excess
             views = [self.views[a.name].records for a in arms]
             summary["control"] = {**control_info, **control_comparison(views[0], views[1], views[2])}

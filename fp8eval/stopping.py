@@ -16,7 +16,7 @@ import hashlib
 from typing import Sequence
 
 from fp8eval.core.errors import Fp8evalError
-from fp8eval.metrics import sequential
+from fp8eval.metrics import sequential, verdict
 from fp8eval.metrics.groups import length_family, split_label
 from fp8eval.metrics.select import is_scored, one_per_key, record_key
 
@@ -64,6 +64,10 @@ class Rounds:
         self.order: dict[str, list[str]] = {}
         for sid in sorted(groups, key=lambda s: order_key(seed, s)):
             self.order.setdefault(self.bucket_of(groups[sid]), []).append(sid)
+        if len(self.order) > 1:  # the run fails if any bucket fails: each bucket gets alpha / B (Bonferroni)
+            b = len(self.order)
+            self.design = dataclasses.replace(self.design, alpha=self.design.alpha / b,
+                                              alpha_cs=self.design.alpha_cs / b).check()
         self.taken = {b: min(int(stop.round_size), len(ids)) for b, ids in self.order.items()}
         self.results: dict[str, sequential.SequentialResult] = {}
         self.rounds = 1
@@ -99,9 +103,10 @@ class Rounds:
         self.rounds += int(grew)
         return grew
 
-    def summary(self, baseline: Sequence[dict], variant: Sequence[dict]) -> dict:
+    def summary(self, baseline: Sequence[dict], variant: Sequence[dict], ver: dict | None = None) -> dict:
         """summary.json's `sequential` block: per bucket the decision, samples used and planned, the e-values
-        and the confidence sequence's recovery bounds; overall: fail if any bucket fails, pass if all pass."""
+        and the confidence sequence's recovery bounds; overall: fail if any bucket fails, pass if all pass.
+        `ver`: the run's verdict block, whose `decision` becomes this one (the run's one decision)."""
         pairs = _pairs_by_sample(baseline, variant)
         out = {}
         for b, ids in self.order.items():
@@ -114,11 +119,13 @@ class Rounds:
         decisions = [v["decision"] for v in out.values()]
         overall = ("fail" if "fail" in decisions else "pass" if decisions and all(d == "pass" for d in decisions)
                    else "inconclusive")
-        return {"design": {**self.design.__dict__, "alpha_final": self.design.alpha_final,
-                           "round_size": int(self.stop.round_size)},
-                "by": self.family or "", "rounds": self.rounds, "decision": overall, "buckets": out,
-                "samples_sent": sum(self.taken.values()),
-                "samples_planned": sum(len(ids) for ids in self.order.values())}
+        seq = {"design": {**self.design.__dict__, "alpha_final": self.design.alpha_final,
+                          "round_size": int(self.stop.round_size), "buckets": len(self.order)},
+               "by": self.family or "", "rounds": self.rounds, "decision": overall, "buckets": out,
+               "samples_sent": sum(self.taken.values()),
+               "samples_planned": sum(len(ids) for ids in self.order.values())}
+        verdict.set_sequential_decision(ver, seq)
+        return seq
 
 
 def _pairs_by_sample(baseline: Sequence[dict], variant: Sequence[dict]) -> dict[str, list[tuple[float, float]]]:

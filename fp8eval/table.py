@@ -68,5 +68,10 @@ def format_table(summary: dict) -> str:
                          for b, v in seq["buckets"].items()))
     if ver.get("overall"):
         gate = (ver.get("settings") or {}).get("gate")
-        extra.append(f"verdict (gate {gate:g}%): {ver['overall']['verdict']}: {ver['overall']['why']}")
+        dec = ver.get("decision") or {}
+        if dec.get("by") == "sequential":  # the run's one decision; the fixed-n line is descriptive
+            extra.append(f"decision (gate {gate:g}%): {dec['verdict']}: {dec['why']}")
+            extra.append(f"fixed-n CI over the samples sent (descriptive): {ver['overall']['why']}")
+        else:
+            extra.append(f"verdict (gate {gate:g}%): {ver['overall']['verdict']}: {ver['overall']['why']}")
     return "\n".join(out + [""] + extra + control_lines(summary))  # control=<name>: flips and the excess

@@ -48,7 +48,9 @@ def test_nine_pairs_without_a_flip_are_not_a_certainty():
     pairs = [(str(i), 1.0, 1.0) for i in range(7)] + [(str(i), 0.0, 0.0) for i in range(7, 9)]
     ci = intervals.recovery_ci(pairs)
     assert ci.method == "bonett-price" and ci.point == 100.0
-    assert ci.low == pytest.approx(76.41, abs=0.01) and ci.high > 100
+    # Bonett-Price alone: 76.41 %; the exact one-way-loss bound 0.025^(1/7) = 59.04 % is lower (issue 36)
+    assert intervals.bonett_price_ratio(7, 0, 0)[1] == pytest.approx(0.7641, abs=1e-4)
+    assert ci.low == pytest.approx(100 * 0.025 ** (1 / 7), abs=0.01) and ci.high > 100
     e = entry([(c, b, v) for c, b, v in pairs], GateSettings())
     assert e["verdict"] == "inconclusive"
     assert e["more_samples"] and e["more_samples"] > 9 and "more samples" in e["why"]

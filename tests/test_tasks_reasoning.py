@@ -131,6 +131,31 @@ def test_aime_tasks_load_offline_defaults():
     assert "templates" in t25.fingerprint() and t25.fingerprint()["data_files"]
 
 
+def test_pooled_aime_reads_every_year_it_is_given(tmp_path):
+    """task=aime (issue 36): the repo's 2024 and 2025 copies pool to 60 problems with year groups and
+    `<year>-<I|II>-<n>` ids; rows of other years (an AoPS url, as AI-MO/aimo-validation-aime's) join them,
+    `task.years` filters, and a row with no readable year is refused."""
+    shipped = ["tasks/aime24/aime2024.jsonl", "tasks/aime25/aime2025_clean.jsonl"]
+    if not all((REPO / f).exists() for f in shipped):
+        pytest.skip("the repo's AIME 2024/2025 copies are absent")
+    s = make("aime", data_files=shipped).samples()
+    assert len(s) == 60 and len({x.id for x in s}) == 60
+    assert {x.groups for x in s} == {("year=2024",), ("year=2025",)}
+    assert "2025-I-1" in {x.id for x in s} and "2024-I-1" in {x.id for x in s}
+    extra = tmp_path / "aime2022.jsonl"
+    extra.write_text(json.dumps({"problem": "An invented stand-in problem.", "answer": "7",
+                                 "url": "https://artofproblemsolving.com/wiki/index.php/2022_AIME_II_Problems/Problem_3"})
+                     + "\n", encoding="utf-8")
+    s = make("aime", data_files=[*shipped, str(extra)]).samples()
+    assert len(s) == 61 and s[-1].id == "2022-II-3" and s[-1].groups == ("year=2022",) and s[-1].data["answer"] == 7
+    assert len(make("aime", data_files=[*shipped, str(extra)], years=[2022]).samples()) == 1
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"problem": "p", "answer": 1}) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="no year, contest and number"):
+        make("aime", data_files=[str(bad)]).samples()
+    assert make("aime").cfg.repeats == 8 and make("aime").cfg.data_files is None  # the hub's 120 by default
+
+
 def test_hub_error_says_what_to_pass():
     task = make("aime25")  # no data_files: hub, unreachable here
     with pytest.raises(Exception, match=r"task\.data_files"):
@@ -313,7 +338,7 @@ def test_livecodebench_shared_v6_window():
 
 
 # ------------------------------------------------------------------------------------ configs
-@pytest.mark.parametrize("name", ["aime25", "aime24", "math500", "gpqa_diamond", "livecodebench"])
+@pytest.mark.parametrize("name", ["aime25", "aime24", "aime", "math500", "gpqa_diamond", "livecodebench"])
 def test_task_yaml_matches_its_schema(name):
     from omegaconf import OmegaConf
 

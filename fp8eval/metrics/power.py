@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from fp8eval.metrics.intervals import z_quantile
+from fp8eval.metrics.intervals import newcombe_paired_diff, t_quantile, z_quantile
 
 
 @dataclass(frozen=True)
@@ -31,10 +31,12 @@ class Variance:
     sigma2_w: float  # within a cluster, across repeats
     source: str  # "pilot: ..." or "prior: ..."
     binary: bool = True  # scores are 0/1: the flip floor applies
+    floor: float = 0.0  # least variance of one cluster's mean difference (the CI's floor, any score type)
 
     def per_cluster(self, k: float, delta: float = 0.0) -> float:
-        """Variance of one cluster's mean difference with k repeats, floored by a drop delta's flips."""
-        v = self.omega2 + self.sigma2_w / k
+        """Variance of one cluster's mean difference with k repeats, floored by the CI's own floor and, for
+        binary scores, by a drop delta's one-way flips."""
+        v = max(self.omega2 + self.sigma2_w / k, self.floor)
         return max(v, flip_floor(delta, k)) if self.binary else v
 
 
@@ -52,12 +54,19 @@ def z_sum(alpha: float, power: float) -> float:
     return z_quantile(1.0 - alpha / 2.0) + z_quantile(power)
 
 
-def mde(var: Variance, n: float, k: float, alpha: float = 0.05, power: float = 0.8) -> float:
+def t_sum(alpha: float, power: float, df: float) -> float:
+    """t_{1-alpha/2, df} + t_{power, df}: z_sum with the small-sample t quantiles of the clustered CI."""
+    z_sum(alpha, power)  # the range check
+    return t_quantile(1.0 - alpha / 2.0, df) + t_quantile(power, df)
+
+
+def mde(var: Variance, n: float, k: float, alpha: float = 0.05, power: float = 0.8, df: float | None = None) -> float:
     """Minimum detectable drop (score units) of n clusters x k repeats: the delta solving
-    delta = z_sum * sqrt(Var(delta) / n). Bisection (Var may grow with delta through the flip floor)."""
+    delta = z_sum * sqrt(Var(delta) / n) (t quantiles on df degrees of freedom when df is given: the
+    clustered CI's own). Bisection (Var may grow with delta through the flip floor)."""
     if n <= 0 or k <= 0:
         return math.inf
-    z = z_sum(alpha, power)
+    z = z_sum(alpha, power) if df is None else t_sum(alpha, power, df)
 
     def gap(d: float) -> float:
         return d - z * math.sqrt(var.per_cluster(k, d) / n)
@@ -72,6 +81,32 @@ def mde(var: Variance, n: float, k: float, alpha: float = 0.05, power: float = 0
         else:
             hi = mid
     return hi
+
+
+def mde_binary_exact(n: int, n_right: int, alpha: float = 0.05, power: float = 0.8) -> float:
+    """Exact minimum detectable drop (score units) of n binary pairs, one per cluster, n_right of them right in
+    the baseline: the least drop delta = q n_right / n at which, losing each baseline-right answer with
+    probability q (one-way losses, nothing gained), the paired difference's CI (Newcombe, level 1 - alpha)
+    ends below 0 with probability >= power. Binomial sums, no normal approximation: what "80 % power"
+    means at small n. 1.0 when no loss count is detectable."""
+    z_sum(alpha, power)
+    if n <= 0 or not 0 < n_right <= n:
+        return 1.0
+    need = next((lost for lost in range(1, n_right + 1)
+                 if newcombe_paired_diff(n_right - lost, 0, lost, n - n_right, 1.0 - alpha)[2] < 0), None)
+    if need is None:
+        return 1.0
+
+    def detect(q: float) -> float:  # P(Binomial(n_right, q) >= need)
+        return sum(math.comb(n_right, j) * q ** j * (1 - q) ** (n_right - j) for j in range(need, n_right + 1))
+
+    lo, hi = 0.0, 1.0
+    if detect(hi) < power:
+        return 1.0
+    for _ in range(60):
+        mid = 0.5 * (lo + hi)
+        lo, hi = (mid, hi) if detect(mid) < power else (lo, mid)
+    return hi * n_right / n
 
 
 def clusters_needed(var: Variance, delta: float, k: float, alpha: float = 0.05, power: float = 0.8) -> int:
@@ -113,6 +148,58 @@ def variance_from_pairs(pairs: Sequence[tuple[str, float, float]], source: str) 
     k = sum(len(ds) for ds in clusters.values()) / len(clusters)
     omega2 = max(0.0, _var(means) - sigma2_w / k)
     return Variance(omega2, sigma2_w, source, binary)
+
+
+def chi2_quantile(p: float, df: float) -> float:
+    """Chi-square quantile by the Wilson-Hilferty cube (within about 1 % for df >= 3; enough for a range)."""
+    z = z_quantile(p)
+    c = 2.0 / (9.0 * df)
+    return df * max(0.0, 1.0 - c + z * math.sqrt(c)) ** 3
+
+
+def clopper_pearson(x: int, n: int, level: float = 0.95) -> tuple[float, float]:
+    """Exact (Clopper-Pearson) interval of a binomial proportion x / n, by bisection on the binomial tails."""
+    a = (1.0 - level) / 2.0
+
+    def upper_tail(p: float, x: int = x) -> float:  # P(X >= x), increasing in p
+        return sum(math.comb(n, j) * p ** j * (1 - p) ** (n - j) for j in range(x, n + 1))
+
+    def solve(f, target: float) -> float:
+        lo, hi = 0.0, 1.0
+        for _ in range(60):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if f(mid) < target else (lo, mid)
+        return 0.5 * (lo + hi)
+
+    low = 0.0 if x == 0 else solve(upper_tail, a)
+    high = 1.0 if x == n else solve(lambda p: upper_tail(p, x + 1), 1.0 - a)  # P(X <= x) = a
+    return low, high
+
+
+def variance_range(pairs: Sequence[tuple[str, float, float]], level: float = 0.95) -> tuple[Variance, Variance]:
+    """What a small pilot leaves uncertain: (low, high) variance components at `level`. Binary pairs, one per
+    cluster: the discordance rate's exact interval (a record's difference has variance ~ its flip rate), so
+    an all-ties pilot still ends high (9 ties: up to 0.34). Otherwise: the chi-square interval of the
+    per-cluster variance (n - 1 df), scaled onto both components, with the CI's floor under the low end."""
+    var = variance_from_pairs(pairs, "pilot")
+    clusters = {str(c) for c, _, _ in pairs}
+    n = len(clusters)
+    if var.binary and n == len(pairs):
+        flips = sum(1 for _, b, v in pairs if float(b) != float(v))
+        lo, hi = clopper_pearson(flips, n, level)
+        return (Variance(lo, 0.0, var.source + f" (low end, {level:.0%})", True),
+                Variance(hi, 0.0, var.source + f" (high end, {level:.0%})", True))
+    k = len(pairs) / n
+    per = var.omega2 + var.sigma2_w / k
+    floor = 2.0 / (n - 1)  # one whole cluster lost, one gained: nothing shows repeats to be independent
+    base = max(per, floor / 4.0)
+    f_lo = (n - 1) / chi2_quantile(0.5 + level / 2.0, n - 1)
+    f_hi = (n - 1) / max(chi2_quantile(0.5 - level / 2.0, n - 1), 1e-9)
+    scale = base / per if per > 0 else 1.0
+    lo = Variance(var.omega2 * scale * f_lo, var.sigma2_w * scale * f_lo, var.source + " (low end)", var.binary)
+    hi = Variance(var.omega2 * scale * f_hi if per > 0 else base * f_hi, var.sigma2_w * scale * f_hi,
+                  var.source + " (high end)", var.binary)
+    return lo, hi
 
 
 def _var(xs: Sequence[float]) -> float:

@@ -30,7 +30,7 @@ from typing import Sequence
 
 import numpy as np
 
-from fp8eval.metrics import intervals
+from fp8eval.metrics import intervals, verdict
 
 DECISIONS = ("pass", "fail", "continue", "inconclusive")
 
@@ -129,8 +129,8 @@ def decide(samples: Sequence[Sequence[tuple[float, float]]], design: Design, n_m
     if len(seen) < n_max:
         return SequentialResult("continue", len(seen), len(seen), e_p, e_m, math.exp(thr), "")
     pairs = [(str(j), b, v) for j, recs in enumerate(seen) for b, v in recs]
-    ci = intervals.recovery_ci(pairs, 1.0 - design.alpha_final, right_at)
-    final = "pass" if ci.low >= design.gate else "fail" if ci.high < design.gate else "inconclusive"
+    ci = intervals.recovery_ci(intervals.collapse_repeats(pairs), 1.0 - design.alpha_final, right_at)
+    final = verdict.decide(ci.low, ci.high, design.gate)
     return SequentialResult(final, len(seen), len(seen), e_p, e_m, math.exp(thr), "final look (n_max)")
 
 

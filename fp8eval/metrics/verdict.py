@@ -4,12 +4,16 @@ Per task and per group label, from the paired records (`pairing.pair_records`): 
 `intervals.recovery_ci`, the difference in points with its CI, the minimum detectable drop of this run
 (`power.mde` at the configured alpha and power, variances from these records), and a verdict:
 
-- pass: the CI's lower end is at or above the gate (non-inferiority at one-sided (1 - level) / 2);
+- pass: the CI's lower end is at or above the gate, less `margin` (0 by default; non-inferiority at
+  one-sided (1 - level) / 2 nominally: docs/statistics.md gives the level that holds, by simulation);
 - fail: the CI's upper end is below the gate;
-- inconclusive: otherwise; `more_samples` / `more_repeats` say how much more of the same would decide it;
+- inconclusive: otherwise; `more_samples` / `more_repeats` say how much more of the same would give an
+  80 % (the configured power's) chance to decide it;
 - n/a: nothing paired, or a baseline that scored 0 (recovery undefined).
 
-summary.json's `verdict` block, the terminal table and the report all come from `verdicts()`.
+`decide` is the one rule: summary.json's `verdict` block, the terminal table, the report and the
+sequential stop's last look all call it. Repeats that are the same answer again are collapsed first
+(`intervals.collapse_repeats`): eight greedy repeats judge as one.
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
+
+import numpy as np
 
 from fp8eval.metrics import intervals, power
 from fp8eval.metrics.groups import label_sort_key
@@ -31,6 +37,7 @@ class GateSettings:
     alpha: float = 0.05  # two-sided: the CI level is 1 - alpha
     power: float = 0.8  # of the MDE
     right_at: float = 0.5  # a record is "right" at this score (lost / gained counts)
+    margin: float = 0.0  # recovery points the CI's lower end may reach below the gate for a pass (a user's choice)
 
     @property
     def level(self) -> float:
@@ -43,42 +50,54 @@ class GateSettings:
             raise ValueError(f"gate is a recovery % in (0, 100], got {self.gate}")
         if not 0.0 < self.alpha < 1.0 or not 0.0 < self.power < 1.0:
             raise ValueError(f"alpha and power lie strictly between 0 and 1, got {self.alpha}, {self.power}")
+        intervals.check_right_at(self.right_at)
+        if not 0.0 <= self.margin < self.gate:
+            raise ValueError(f"margin is recovery points in [0, gate), got {self.margin}")
         return self
 
 
-def decide(low: float | None, high: float | None, gate: float) -> str:
-    """pass / fail / inconclusive of a recovery CI against the gate (n/a without a CI)."""
-    if low is None or high is None or not (math.isfinite(low) or math.isfinite(high)) or math.isnan(low):
+def decide(low: float | None, high: float | None, gate: float, margin: float = 0.0) -> str:
+    """The one gate rule: pass / fail / inconclusive of a recovery CI (%) against the gate (n/a without a
+    CI). pass: low >= gate - margin; fail: high < gate; else inconclusive. high None: unbounded."""
+    if low is None or (isinstance(low, float) and math.isnan(low)):
         return "n/a"
-    if low >= gate:
+    high = math.inf if high is None else high
+    if math.isnan(high) or not (math.isfinite(low) or math.isfinite(high)):
+        return "n/a"
+    if low >= gate - margin:
         return "pass"
     if high < gate:
         return "fail"
     return "inconclusive"
 
 
-def entry(pairs: Pairs, st: GateSettings, samples: int | None = None) -> dict:
+def entry(pairs: Pairs, st: GateSettings, samples: int | None = None,
+          sample_ids: Sequence[str] | None = None) -> dict:
     """One verdict entry (summary.json `verdict.overall` or `verdict.by_group.<label>`). `samples`: the
-    distinct samples behind the pairs when clusters hold several (NIAH cells); default one per cluster."""
+    distinct samples behind the pairs when clusters hold several (NIAH cells); default one per cluster.
+    `sample_ids[i]`: the sample of pairs[i] (default its cluster), to collapse identical repeats."""
+    n_records = len(pairs)
+    n_samples = samples or len(_cluster_sizes(pairs))
+    pairs = intervals.collapse_repeats(pairs, sample_ids)
     ci = intervals.recovery_ci(pairs, st.level, st.right_at)
     out = {"verdict": "n/a", "why": "", **_ci_fields(ci), "mde_pts": None, "mde_recovery_pts": None,
-           "n_repeats": 0, "more_samples": None, "more_repeats": None}
+           "n_repeats": 0, "more_samples": None, "more_repeats": None,
+           "repeats_collapsed": 0 < len(pairs) < n_records}
     if not pairs:
         out["why"] = "no record was scored in both arms"
         return out
     base = sum(b for _, b, _ in pairs) / len(pairs)
-    n_samples = samples or len(_cluster_sizes(pairs))
-    out["n_repeats"] = math.ceil(len(pairs) / n_samples)
+    out["n_repeats"] = math.ceil(n_records / n_samples)
     if base <= 0:
         out["why"] = "the baseline scored 0, so recovery is undefined"
         return out
-    var = power.variance_from_pairs(pairs, "this run") if ci.n_clusters >= 2 else None
+    var = run_variance(pairs) if ci.n_clusters >= 2 else None
     k = ci.n_pairs / ci.n_clusters
     if var is not None:
-        m = power.mde(var, ci.n_clusters, k, st.alpha, st.power)
+        m = run_mde(pairs, ci, var, st)
         out["mde_pts"] = round(100.0 * m, 3)
         out["mde_recovery_pts"] = round(100.0 * m / base, 3)
-    verdict = decide(ci.low, ci.high, st.gate)
+    verdict = decide(ci.low, ci.high, st.gate, st.margin)
     out["verdict"] = verdict
     if verdict == "inconclusive":
         out["more_samples"] = more_samples(pairs, st, n_samples=n_samples)
@@ -86,6 +105,23 @@ def entry(pairs: Pairs, st: GateSettings, samples: int | None = None) -> dict:
             out["more_repeats"] = more_repeats(var, ci, base, k, st)
     out["why"] = explain(out, st)
     return out
+
+
+def run_variance(pairs: Pairs) -> power.Variance:
+    """The run's variance components, floored where its CI is (`intervals.floor_variance`): no score type
+    and no pilot without a flip gets a variance of 0."""
+    var = power.variance_from_pairs(pairs, "this run")
+    m = intervals.cluster_moments(pairs)
+    return power.Variance(var.omega2, var.sigma2_w, var.source, var.binary,
+                          intervals.floor_variance(m.n, m.k, m.together))
+
+
+def run_mde(pairs: Pairs, ci: intervals.RecoveryCI, var: power.Variance, st: GateSettings) -> float:
+    """The MDE (score units) with the power it claims: exact binomial sums for binary one-per-cluster data
+    (`power.mde_binary_exact`), else the normal formula on the clustered CI's t quantiles (n - 1 df)."""
+    if ci.method == "bonett-price":
+        return power.mde_binary_exact(ci.n_pairs, sum(1 for _, b, _ in pairs if b >= st.right_at), st.alpha, st.power)
+    return power.mde(var, ci.n_clusters, ci.n_pairs / ci.n_clusters, st.alpha, st.power, df=ci.n_clusters - 1)
 
 
 def _ci_fields(ci: intervals.RecoveryCI) -> dict:
@@ -103,13 +139,36 @@ def _cluster_sizes(pairs: Pairs) -> dict[str, int]:
     return sizes
 
 
+def decide_level(st: GateSettings) -> float:
+    """The CI level whose half-width is (z_{1-alpha/2} + z_power) standard errors: a CI at this level leaving
+    the gate means the run's own CI leaves it with probability `power` if the observed rates are the truth."""
+    return 2.0 * intervals._NORMAL.cdf(power.z_sum(st.alpha, st.power)) - 1.0
+
+
 def more_samples(pairs: Pairs, st: GateSettings, max_factor: float = 1000.0, n_samples: int | None = None) -> int | None:
-    """How many more samples (clusters x their size) the CI needs to leave the gate if every observed
-    outcome kept its rate: the run's table scaled by a factor f found by bisection. None when even
-    max_factor times the data does not decide (the estimate sits at the gate)."""
+    """How many more samples (clusters x their size) give the run's CI an 80 % (`st.power`) chance to leave
+    the gate if every observed outcome kept its rate. Binary one-per-cluster data: the chance itself, from
+    `DRAWS` fixed-seed draws of the added pairs at the observed rates (`decide_chance`), the least count
+    reaching `st.power` by bisection. Otherwise: the run's moments scaled by a factor f, found by bisection,
+    until the CI at `decide_level` leaves the gate (normal approximation). None when even max_factor times
+    the data does not decide (the estimate sits at the gate)."""
+    n_now = n_samples or len(_cluster_sizes(pairs))
+    ci = intervals.recovery_ci(pairs, st.level, st.right_at)
+    if ci.method == "bonett-price":
+        table = (sum(1 for _, b, v in pairs if b == 1.0 and v == 1.0), ci.lost, ci.gained)
+        top = int(n_now * (max_factor - 1))
+        if decide_chance(table, len(pairs), top, st) < st.power:
+            return None
+        lo_m, hi_m = 0, top
+        while hi_m - lo_m > max(1, hi_m // 200):
+            mid = (lo_m + hi_m) // 2
+            lo_m, hi_m = (mid, hi_m) if decide_chance(table, len(pairs), mid, st) < st.power else (lo_m, mid)
+        return max(1, hi_m)
+    wide = GateSettings(st.gate, 1.0 - decide_level(st), st.power, st.right_at, st.margin)
+
     def decided(f: float) -> bool:
-        lo, hi = _scaled_ci(pairs, f, st)
-        return decide(lo, hi, st.gate) in ("pass", "fail")
+        lo, hi = _scaled_ci(pairs, f, wide)
+        return decide(lo, hi, st.gate, st.margin) in ("pass", "fail")
 
     if not decided(max_factor):
         return None
@@ -122,7 +181,26 @@ def more_samples(pairs: Pairs, st: GateSettings, max_factor: float = 1000.0, n_s
             lo_f = mid
         if hi_f - lo_f < 0.01:
             break
-    return max(1, math.ceil((n_samples or len(_cluster_sizes(pairs))) * (hi_f - 1.0)))
+    return max(1, math.ceil(n_now * (hi_f - 1.0)))
+
+
+DRAWS = 4000  # draws behind a binary more_samples (its Monte Carlo error: about 0.6 points at 80 %)
+
+
+def decide_chance(table: tuple[int, int, int], n: int, more: int, st: GateSettings) -> float:
+    """P(the CI decides) when `more` pairs are added to a binary table (both, lost, gained of n pairs) at its
+    own rates: DRAWS draws with a fixed seed (deterministic), each judged by the Bonett-Price CI and `decide`."""
+    both, lost, gained = table
+    probs = np.array([both, lost, gained, n - both - lost - gained], dtype=float) / n
+    add = np.random.default_rng(20261204).multinomial(more, probs, size=DRAWS)
+    b2, g2, l2 = both + add[:, 0], gained + add[:, 2], lost + add[:, 1]
+    lo, hi = intervals.bonett_price_vec(b2, g2, l2, st.level)
+    passing = np.flatnonzero(100 * lo >= st.gate - st.margin)  # only there can the exact bound change the verdict
+    net, n2 = np.maximum(l2 - g2, 0), b2 + l2
+    ok = np.zeros(len(lo), dtype=bool)
+    ok[passing] = [intervals.one_way_passes(int(net[i]), int(n2[i]), (st.gate - st.margin) / 100.0, st.level)
+                   for i in passing]
+    return float(np.mean(ok | (100 * hi < st.gate)))
 
 
 def _scaled_ci(pairs: Pairs, f: float, st: GateSettings) -> tuple[float, float]:
@@ -131,6 +209,7 @@ def _scaled_ci(pairs: Pairs, f: float, st: GateSettings) -> tuple[float, float]:
     if ci.method == "bonett-price":
         both = sum(1 for _, b, v in pairs if b == 1.0 and v == 1.0)
         _, lo, hi = intervals.bonett_price_ratio(both * f, ci.gained * f, ci.lost * f, st.level)
+        lo = min(lo, intervals.one_way_low(max(ci.lost - ci.gained, 0) * f, (both + ci.lost) * f, st.level))
         return 100 * lo, 100 * hi
     mom = intervals.cluster_moments(pairs)
     lo, hi = intervals.fieller_from_moments(mom, st.level, scale=f)
@@ -138,14 +217,14 @@ def _scaled_ci(pairs: Pairs, f: float, st: GateSettings) -> tuple[float, float]:
 
 
 def more_repeats(var: power.Variance, ci: intervals.RecoveryCI, base: float, k: float, st: GateSettings) -> int | None:
-    """More repeats per sample that would decide it at the same samples: the k' whose CI half-width
-    (normal) is below the distance from the point difference to the gate. None when repeats alone
+    """More repeats per sample that give the configured power's chance to decide at the same samples: the k'
+    whose (z_{1-alpha/2} + z_power) standard errors fit in the distance from the point difference to the gate. None when repeats alone
     cannot (the between-sample variance is too large) or the point sits at the gate."""
     margin = (st.gate / 100.0 - 1.0) * base  # the gate as a difference in score units
     dist = abs(ci.diff / 100.0 - margin)
     if dist <= 0 or ci.n_clusters < 2:
         return None
-    z = intervals.z_quantile(1.0 - st.alpha / 2.0)
+    z = power.z_sum(st.alpha, st.power)  # an 80 % (the power's) chance to decide, as more_samples
     budget = ci.n_clusters * dist ** 2 / z ** 2
     if var.omega2 >= budget:
         return None
@@ -160,7 +239,9 @@ def explain(e: dict, st: GateSettings) -> str:
 
     lv = f"{st.level * 100:g}%"
     ci = (f"recovery {pct(e['recovery'])} ({lv} CI {pct(e['ci_low'])} to {pct(e['ci_high'])}, {e['ci_method']};"
-          f" {e['n_pairs']} pairs in {e['n_clusters']} clusters, {e['lost']} lost / {e['gained']} gained)")
+          f" {e['n_pairs']} pairs in {e['n_clusters']} clusters"
+          f"{' (identical repeats counted once)' if e.get('repeats_collapsed') else ''},"
+          f" {e['lost']} lost / {e['gained']} gained)")
     mde = f"; MDE {e['mde_pts']:.1f} points" if e.get("mde_pts") is not None else ""
     if e["verdict"] == "pass":
         return f"{ci}: the CI's lower end is at or above the {st.gate:g}% gate{mde}"
@@ -171,7 +252,8 @@ def explain(e: dict, st: GateSettings) -> str:
         more.append(f"about {e['more_samples']} more samples")
     if e.get("more_repeats") is not None:
         more.append(f"{e['more_repeats']} more repeats per sample")
-    need = (" or ".join(more) + " at the observed rates would decide it") if more else \
+    need = (" or ".join(more) + f" would decide it with probability {st.power * 100:g} % if the observed rates"
+            " are the truth") if more else \
         "the estimate sits at the gate: no amount of the same data decides it"
     return f"{ci} straddles the {st.gate:g}% gate{mde}; {need}"
 
@@ -190,10 +272,32 @@ def verdicts(pairs: Sequence[tuple], st: GateSettings) -> dict:
         for g in p[1]:
             groups.setdefault(g, []).append((p[0], p[2], p[3]))
             ids.setdefault(g, set()).add(sid)
-    return {"settings": {**asdict(st), "level": st.level},
-            "overall": entry(overall, st, len(ids[""]) or None),
-            "by_group": {g: entry(ps, st, len(ids[g])) for g, ps in sorted(groups.items(),
-                                                                            key=lambda kv: label_sort_key(kv[0]))}}
+    sids: dict[str, list[str]] = {}
+    for p in pairs:
+        sid = str(p[4] if len(p) > 4 else p[0])
+        sids.setdefault("", []).append(sid)
+        for g in p[1]:
+            sids.setdefault(g, []).append(sid)
+    ver = {"settings": {**asdict(st), "level": st.level},
+           "overall": entry(overall, st, len(ids[""]) or None, sids.get("")),
+           "by_group": {g: entry(ps, st, len(ids[g]), sids[g]) for g, ps in sorted(groups.items(),
+                                                                                 key=lambda kv: label_sort_key(kv[0]))}}
+    ver["decision"] = {"verdict": ver["overall"]["verdict"], "by": "fixed-n CI", "why": ver["overall"]["why"]}
+    return ver
+
+
+def set_sequential_decision(ver: dict | None, seq: dict) -> None:
+    """With stop=sequential the run's one decision is the sequential one (anytime-valid; the fixed-n CI over
+    the samples sent is descriptive after optional stopping): written into `ver["decision"]`, which the
+    terminal, summary.json and the report all read."""
+    if not ver:
+        return
+    buckets = ", ".join(f"{b} {v['decision']} ({v['samples_sent']}/{v['samples_planned']})"
+                        for b, v in (seq.get("buckets") or {}).items())
+    ver["decision"] = {"verdict": seq["decision"], "by": "sequential",
+                       "why": (f"the sequential test (stop=sequential) says {seq['decision']} after {seq['rounds']}"
+                               f" round(s), {seq['samples_sent']} of {seq['samples_planned']} samples sent ({buckets});"
+                               f" the fixed-n CI over the samples sent is descriptive: {ver['overall']['verdict']}")}
 
 
 def records_to_pairs(baseline: Sequence[dict], variant: Sequence[dict], paired,

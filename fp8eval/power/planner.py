@@ -4,6 +4,7 @@ and the cost of the powered run (the dry-run estimator, `fp8eval.plan`)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,8 +14,9 @@ from omegaconf import OmegaConf
 
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.metrics import power as pw
+from fp8eval.metrics.verdict import run_variance
 from fp8eval.plan import estimate
-from fp8eval.power.priors import PRIORS, prior_for
+from fp8eval.power.priors import PRIORS, prior_for, prior_range
 from fp8eval.report.analysis import build_pairs, cluster_of
 from fp8eval.report.load import load_runs
 from fp8eval.runner import effective_sampling
@@ -41,6 +43,9 @@ class TaskPlan:
     repeats_needed: int | None
     pilot: dict = field(default_factory=dict)
     cost: dict = field(default_factory=dict)
+    samples_needed_range: tuple[int, int] | None = None  # from the pilot's (or the prior's) uncertainty
+    mde_range: tuple[float, float] | None = None  # of the planned run, score units
+    allocation: str = ""  # whether more questions beat more repeats here
 
 
 def pilot_pairs(paths: list[str], model: str, task: str) -> tuple[list[tuple[str, float, float]], dict]:
@@ -90,6 +95,9 @@ def plan_task(cfg) -> TaskPlan:
         pairs, info = pilot_pairs(list(p.pilot), cfg.model.name, task)
     if len({c for c, _, _ in pairs}) >= 2:
         var = pw.variance_from_pairs(pairs, f"pilot: {info['records']} paired records of {task} on {cfg.model.name}")
+        if not var.binary:  # no variance floor of flips: the pilot's CI floor (an all-ties pilot is not exact)
+            var = dataclasses.replace(var, floor=run_variance(pairs).floor)
+        span = pw.variance_range(pairs)
         base, base_src = sum(b for _, b, _ in pairs) / len(pairs), "pilot"
     else:
         try:
@@ -97,6 +105,7 @@ def plan_task(cfg) -> TaskPlan:
         except KeyError as e:
             raise PowerError(str(e).strip("'\"")) from None
         var, base, base_src = prior.variance, prior.baseline_score, "prior"
+        span = prior_range(prior)
         if p.pilot:
             info["note"] = f"no paired records of {task} on {cfg.model.name} under {', '.join(p.pilot)}: priors used"
     if p.baseline_score is not None:
@@ -127,8 +136,27 @@ def plan_task(cfg) -> TaskPlan:
     more_k = None if k_needed is None else max(1, math.ceil(k_needed / m))
     if greedy:
         info["repeats"] = "greedy sampling: a repeat is the same answer again, so only samples add information"
+    rng = tuple(math.ceil(pw.clusters_needed(v, delta, k_eff, p.alpha, p.power) * m) for v in span)
+    mdes = tuple(pw.mde(v, clusters, k_eff, p.alpha, p.power) for v in span)
     return TaskPlan(task, var, base, base_src, delta, target, n, k, n_src,
-                    pw.mde(var, clusters, k_eff, p.alpha, p.power), needed, more_k, info, _cost(cfg, n, k, needed))
+                    pw.mde(var, clusters, k_eff, p.alpha, p.power), needed, more_k, info, _cost(cfg, n, k, needed),
+                    (min(rng), max(rng)), (min(mdes), max(mdes)), allocation(var, n, k, p.alpha, p.power, greedy, task))
+
+
+def allocation(var: pw.Variance, n: int, k: int, alpha: float, power: float, greedy: bool, task: str = "") -> str:
+    """Whether more questions beat more repeats: at the same n x k generations, fewer repeats on more questions
+    against the plan (Var = (omega2 + sigma2_w / k) / n: only questions shrink omega2's part)."""
+    if greedy:
+        return "greedy: only more questions help (a repeat is the same answer)"
+    if var.omega2 <= 0 or k < 2:
+        return "" if k < 2 else "omega2 = 0 here: questions and repeats buy the same at the same generations"
+    fewer = max(1, k // 2)
+    wider = n * k / fewer
+    now, alt = pw.mde(var, n, k, alpha, power), pw.mde(var, wider, fewer, alpha, power)
+    pool = " (the dataset has no more: task=aime pools AIME 2022-2025)" if task in ("aime24", "aime25") else ""
+    return (f"more questions beat more repeats: at the same {n * k} generations, {wider:.0f} questions x {fewer}"
+            f" repeats detect {100 * alt:.2f} points where {n} x {k} detect {100 * now:.2f} (omega2"
+            f" {var.omega2:.4g} shrinks only with questions){pool}")
 
 
 def _cost(cfg, planned: int, k: int, needed: int) -> dict:
@@ -174,6 +202,13 @@ def format_plans(plans: list[TaskPlan], alpha: float, power: float) -> str:
                   f"  needed for the target: {t.samples_needed} samples x {t.repeats} repeats"
                   + (f", or {t.samples} samples x {t.repeats_needed} repeats" if t.repeats_needed else
                      ", and no number of repeats on the planned samples reaches it")]
+        if t.samples_needed_range:
+            lo, hi = t.samples_needed_range
+            lines.append(f"  range ({'95 % interval of the pilot' if t.pilot.get('records') else 'the prior'}'s"
+                         f" variance): {lo}-{hi} samples needed; the planned run's MDE {100 * t.mde_range[0]:.2f}-"
+                         f"{100 * t.mde_range[1]:.2f} points")
+        if t.allocation:
+            lines.append(f"  {t.allocation}")
         c = t.cost
         if c.get("prefill_tokens_per_arm") is not None:
             gh = "unknown (set plan.prefill_tok_s / plan.decode_tok_s)" if c["gpu_hours"] is None else \

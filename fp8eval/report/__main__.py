@@ -30,6 +30,9 @@ def parser() -> argparse.ArgumentParser:
                    help="points the CI's lower end may fall below the gate for a pass (default 0: non-inferiority)")
     p.add_argument("--sign-alpha", type=float, default=0.05,
                    help="one-sided sign-test level for a systematic downward shift (default 0.05)")
+    p.add_argument("--shift-margin", type=float, default=1.0,
+                   help="calibrate only when a task's difference CI excludes every drop smaller than this many"
+                        " points (default 1)")
     p.add_argument("--right-at", type=float, default=0.5,
                    help="a record is right when its score is at least this, for flip lists (default 0.5)")
     p.add_argument("--z", type=float, default=1.96,
@@ -54,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         out = write_report(args.paths, args.out, n_boot=args.n_boot, level=args.level, seed=args.seed,
                            strict=not args.skip_mismatched, gate=args.gate, unsure_margin=args.unsure_margin,
                            sign_alpha=args.sign_alpha, right_at=args.right_at, z=args.z,
+                           shift_margin=args.shift_margin,
                            cache=not args.no_cache)
     except (PairingError, ReportInputError) as e:
         print(f"fp8eval.report: {e}", file=sys.stderr)

@@ -42,10 +42,12 @@ class Settings:
     gate: float = 95.0  # the verdict columns (metrics.verdict): the CI is at `level`
     power: float = 0.8
     right_at: float = 0.5
+    margin: float = 0.0  # the report's --unsure-margin (metrics.verdict.GateSettings.margin)
 
     def gate_settings(self) -> gate.GateSettings:
         """The summary's verdict settings for these report settings."""
-        return gate.GateSettings(gate=self.gate, alpha=1.0 - self.level, power=self.power, right_at=self.right_at)
+        return gate.GateSettings(gate=self.gate, alpha=1.0 - self.level, power=self.power, right_at=self.right_at,
+                                 margin=self.margin)
 
 
 def cluster_of(task: str):
@@ -159,7 +161,7 @@ def recovery_row(pair: Pair, group: str, settings: Settings) -> dict:
     clus = cluster_of(pair.task)
     judged = gate.entry([(str(clus(s, tuple(g))), float(x), float(y)) for s, g, x, y in
                          zip(df["sample_id"], df["groups"], df["b_score"], df["v_score"])], settings.gate_settings(),
-                        samples=int(ps.shape[0]) or None)
+                        samples=int(ps.shape[0]) or None, sample_ids=[str(s) for s in df["sample_id"]])
     return {
         "model": pair.model, "task": pair.task, "baseline": pair.baseline.label,
         "variant": pair.variant.label, "group": group, "metric": "pass@1",

@@ -34,12 +34,13 @@ def build_report(paths: list[Path], out: Path, *, n_boot: int, level: float, see
     """Load the runs, pair their arms and write recovery.csv, flips.csv, arms.csv, figures, report.md, index.html and
     verdicts.json into `out`; returns `out` resolved."""
     th = verdicts.Thresholds.from_kwargs(**thresholds)
-    settings = analysis.Settings(n_boot=n_boot, level=level, seed=seed, gate=th.gate, right_at=th.right_at)
+    settings = analysis.Settings(n_boot=n_boot, level=level, seed=seed, gate=th.gate, right_at=th.right_at,
+                                 margin=th.unsure_margin)
     runs, arms = load_runs(paths)
     pairs, refused = analysis.build_pairs(runs, strict=strict)
     table, notes = analysis.recovery_table(pairs, settings)
     notes = _store_wider_than_run(runs) + notes
-    table = verdicts.add_verdicts(table, th, level)
+    table = verdicts.apply_run_decisions(verdicts.add_verdicts(table, th, level), runs)  # one decision per run
     headline = verdicts.headline_rows(table)
     sign_tests = [s for s in (verdicts.bucket_sign_test(p, th) for p in
                               sorted(pairs, key=lambda p: (p.model, p.task, p.variant.label))) if s]
@@ -52,7 +53,7 @@ def build_report(paths: list[Path], out: Path, *, n_boot: int, level: float, see
     flips = noise.attach_anatomy(flips, pairs)  # where each flip's completions part (fp8eval.anatomy)
     noise_floor = noise.noise_table(runs, th.right_at, level)
     controls = noise.control_labels(runs)  # a control arm is a noise floor, not a variant to decide on
-    decisions = verdicts.decisions(headline[~headline["variant"].isin(controls)], sign_tests)
+    decisions = verdicts.decisions(headline[~headline["variant"].isin(controls)], sign_tests, th.shift_margin)
     arm_stats = analysis.arm_table(arms)
 
     out = out.resolve()

@@ -19,7 +19,8 @@ ANATOMY_COLUMNS = {"part_position": "part_position", "forced_token": "baseline_t
                    "rank": "variant_rank_of_baseline_token", "top1_token": "variant_top1_token",
                    "path": "anatomy_path", "logprob_prefill": "variant_logprob_prefill_view"}
 NOISE_COLUMNS = ["model", "task", "baseline", "variant", "control", "setting", "inert", "n_pairs", "variant_lost",
-                 "variant_gained", "control_lost", "control_gained", "excess_flip_rate", "ci_low", "ci_high"]
+                 "variant_gained", "control_lost", "control_gained", "excess_flip_rate", "ci_low", "ci_high",
+                 "excess_net_loss", "net_low", "net_high", "reading"]
 
 
 def attach_anatomy(flips: pd.DataFrame, pairs) -> pd.DataFrame:
@@ -66,7 +67,10 @@ def noise_table(runs, right_at: float, level: float) -> pd.DataFrame:
                     "variant_gained": cmp["variant"]["gained"], "control_lost": cmp["control"]["lost"],
                     "control_gained": cmp["control"]["gained"],
                     "excess_flip_rate": math.nan if cmp["excess_flip_rate"] is None else cmp["excess_flip_rate"],
-                    "ci_low": ci[0], "ci_high": ci[1]})
+                    "ci_low": ci[0], "ci_high": ci[1],
+                    "excess_net_loss": math.nan if cmp.get("excess_net_loss") is None else cmp["excess_net_loss"],
+                    "net_low": (cmp.get("net_loss_ci") or [math.nan])[0],
+                    "net_high": (cmp.get("net_loss_ci") or [math.nan, math.nan])[1], "reading": cmp.get("reading", "")})
     df = pd.DataFrame(out, columns=NOISE_COLUMNS)
     return df.drop_duplicates(subset=["model", "task", "baseline", "variant", "control"]).reset_index(drop=True)
 
@@ -103,13 +107,16 @@ def markdown(noise: pd.DataFrame, level: float) -> list[str]:
              "A control arm runs the baseline's kv option again with something that should not change accuracy."
              f" Excess = the variant's flip rate minus the control's on the same (sample, repeat) pairs, in points,"
              f" with a {level * 100:.0f}% paired interval (Newcombe's score interval, clustered by sample when a"
-             " sample has several repeats); an excess whose interval covers 0 is"
-             " within the noise floor. Per-flip anatomy (where the completions part, the arm's log-prob and rank"
+             " sample has several repeats). Flips have a direction: net loss = the control's accuracy minus the"
+             " variant's on the same pairs, with its interval. An interval that covers 0 is *no evidence* of an"
+             " excess over the noise floor, not evidence of no effect. Per-flip anatomy (where the completions part, the arm's log-prob and rank"
              " of the baseline's token) is in the Flips table and `flips.csv`.", "",
              "| model | task | variant | control | setting | pairs | variant lost/gained | control lost/gained |"
-             " excess (pts) | CI |", "|---|---|---|---|---|---:|---:|---:|---:|---|"]
+             " excess (pts) | CI | net loss (pts) | CI | reading |",
+             "|---|---|---|---|---|---:|---:|---:|---:|---|---:|---|---|"]
     for r in noise.itertuples():
         lines.append(f"| {r.model} | {r.task} | {r.variant} | {r.control}{' (inert)' if r.inert else ''} | {r.setting}"
                      f" | {r.n_pairs} | {r.variant_lost}/{r.variant_gained} | {r.control_lost}/{r.control_gained}"
-                     f" | {_pts(r.excess_flip_rate)} | [{_pts(r.ci_low)}, {_pts(r.ci_high)}] |")
+                     f" | {_pts(r.excess_flip_rate)} | [{_pts(r.ci_low)}, {_pts(r.ci_high)}]"
+                     f" | {_pts(r.excess_net_loss)} | [{_pts(r.net_low)}, {_pts(r.net_high)}] | {r.reading} |")
     return lines

@@ -20,6 +20,7 @@ import pandas as pd
 
 from fp8eval.metrics import stats
 from fp8eval.metrics.groups import label_sort_key
+from fp8eval.metrics.verdict import decide
 from fp8eval.report.analysis import Pair, per_sample
 
 
@@ -30,6 +31,7 @@ class Thresholds:
     sign_alpha: float = 0.05  # one-sided sign-test level for a systematic downward shift
     right_at: float = 0.5  # a record is "right" when its score is at least this (flip lists)
     z: float = 1.96  # a single bucket's gap is "inside its error band" when |gap| <= z * stderr
+    shift_margin: float = 1.0  # points: a shift worth calibrating is one whose CI excludes a drop smaller than this
 
     @classmethod
     def from_kwargs(cls, **kw) -> "Thresholds":
@@ -47,7 +49,8 @@ def _pct(x: float) -> str:
 
 def gate_verdict(recovery: float, low: float, high: float, th: Thresholds, level: float = 0.95,
                  more: str = "") -> tuple[str, str]:
-    """(verdict, one-sentence reason) for one recovery value and its CI; `more` says what would decide an
+    """(verdict, one-sentence reason) for one recovery value and its CI by the one gate rule
+    (`metrics.verdict.decide`, the summary's and the sequential stop's); `more` says what would decide an
     inconclusive one (metrics.verdict's more_samples / more_repeats)."""
     lv = f"{level * 100:.0f}%"
     if recovery is None or not math.isfinite(recovery):
@@ -56,9 +59,10 @@ def gate_verdict(recovery: float, low: float, high: float, th: Thresholds, level
         return "inconclusive", f"recovery {_pct(recovery)} has no CI, so the gate of {th.gate:g}% cannot be judged"
     ci = f"recovery {_pct(recovery)} ({lv} CI {_pct(low)} to {_pct(high)})"
     more = more or "more samples or repeats would decide it"
-    if high < th.gate:
+    verdict = decide(low, high, th.gate, th.unsure_margin)
+    if verdict == "fail":
         return "fail", f"{ci}: even the CI's upper end is below the {th.gate:g}% gate"
-    if recovery >= th.gate and low >= th.gate - th.unsure_margin:
+    if verdict == "pass":
         slack = f" (less the {th.unsure_margin:g}-point margin allowed)" if th.unsure_margin else ""
         return "pass", f"{ci}: the CI's lower end is at or above the {th.gate:g}% gate{slack}"
     if recovery >= th.gate:
@@ -73,7 +77,8 @@ def _more(row) -> str:
         parts.append(f"about {int(row.more_samples)} more samples")
     if math.isfinite(getattr(row, "more_repeats", math.nan)):
         parts.append(f"{int(row.more_repeats)} more repeats per sample")
-    return (" or ".join(parts) + " at the observed rates would decide it") if parts else ""
+    return (" or ".join(parts) + " would decide it with probability 80 % if the observed rates are the truth"
+            if parts else "")
 
 
 def add_verdicts(table: pd.DataFrame, th: Thresholds, level: float) -> pd.DataFrame:
@@ -82,6 +87,22 @@ def add_verdicts(table: pd.DataFrame, th: Thresholds, level: float) -> pd.DataFr
     verdicts = [gate_verdict(r.recovery_pct, r.ci_low, r.ci_high, th, level, _more(r)) for r in out.itertuples()]
     out["verdict"] = [v for v, _ in verdicts]
     out["why"] = [w for _, w in verdicts]
+    return out
+
+
+def apply_run_decisions(table: pd.DataFrame, runs) -> pd.DataFrame:
+    """A run with stop=sequential has one decision, the sequential one (summary.json `verdict.decision`,
+    metrics.verdict.set_sequential_decision): it replaces that pair's overall verdict here too, so the
+    terminal, summary.json and the report say the same."""
+    out = table.copy()
+    for run in runs:
+        dec = ((run.summary.get("verdict") or {}).get("decision") or {})
+        if dec.get("by") != "sequential" or run.variant_kv not in run.arms:
+            continue
+        mask = ((out["model"] == run.model) & (out["task"] == run.task) & (out["group"] == "all")
+                & (out["variant"] == run.arms[run.variant_kv].label))
+        out.loc[mask, "verdict"] = dec["verdict"]
+        out.loc[mask, "why"] = dec["why"]
     return out
 
 
@@ -131,7 +152,7 @@ class SignTest:
             return (f"{head} <= {self.alpha:g}: a systematic downward shift"
                     + (f", although {inside} of the {self.n_below} downward gaps are each inside their own"
                        " error band" if inside else "")
-                    + ". Recommend calibrated KV scales (or skipping the most sensitive layers).")
+                    + " (no margin: the recommendation comes from the CI-based verdicts).")
         if self.n_below + self.n_above < need:
             return (f"{head}: too few {self.unit}s with a difference for the test to reach p <= {self.alpha:g}"
                     f" (needs at least {need}); no conclusion about a shift.")
@@ -217,12 +238,19 @@ def flips(pair: Pair, th: Thresholds) -> pd.DataFrame:
 
 
 # --- the decision -------------------------------------------------------------------------------------
-def decisions(headline: pd.DataFrame, sign_tests: list[SignTest]) -> list[dict]:
-    """One recommendation per (model, baseline, variant) from its tasks' verdicts and the sign tests."""
+def decisions(headline: pd.DataFrame, sign_tests: list[SignTest], shift_margin: float | None = None) -> list[dict]:
+    """One recommendation per (model, baseline, variant) from its tasks' CI-based verdicts: stay on baseline
+    when a task fails the gate, calibrate when a task's difference CI excludes drops smaller than
+    `shift_margin` points, undecided, or keep; a sign-test shift is reported beside, never decides."""
     out = []
     for (model, base, var), g in headline.groupby(["model", "baseline", "variant"], sort=True):
         shifts = [s for s in sign_tests if s.model == model and s.baseline == base and s.variant == var
                   and s.shift]
+        # calibrate: a task whose difference CI excludes every drop smaller than the margin (a CI-based verdict;
+        # the sign test alone has no margin and at large n finds shifts too small to matter)
+        margin = shift_margin if shift_margin is not None else Thresholds.shift_margin
+        worth = [r.task for r in g.itertuples() if math.isfinite(getattr(r, "diff_high_pts", math.nan))
+                 and r.diff_high_pts < -margin]
         failed = list(g[g["verdict"] == "fail"]["task"])
         unsure = list(g[g["verdict"].isin(["inconclusive", "n/a"])]["task"])
         passed = list(g[g["verdict"] == "pass"]["task"])
@@ -231,10 +259,10 @@ def decisions(headline: pd.DataFrame, sign_tests: list[SignTest]) -> list[dict]:
             decision = "stay on baseline"
             text = (f"{var} fails the gate on {', '.join(failed)}: stay on {base} for this workload, or try"
                     " calibrated scales / skipping layers and measure again.")
-        elif shifts:
+        elif worth:
             decision = "calibrate"
-            text = (f"{var} passes or is undecided per task, but shifts down systematically"
-                    f" ({', '.join(shift_where)}): calibrate the KV scales before relying on it.")
+            text = (f"{var} passes or is undecided per task, but on {', '.join(worth)} its difference CI excludes"
+                    f" every drop smaller than {margin:g} points: calibrate the KV scales before relying on it.")
         elif unsure:
             decision = "undecided"
             text = (f"{var} is not decided on {', '.join(unsure)}: the CI straddles the gate (or is undefined);"
@@ -242,8 +270,9 @@ def decisions(headline: pd.DataFrame, sign_tests: list[SignTest]) -> list[dict]:
         else:
             decision = "keep"
             text = f"{var} keeps the gate on every task ({', '.join(passed)}): FP8 KV is fine here."
-        if shifts and decision != "calibrate":
-            text += f" A systematic downward shift was also found ({', '.join(shift_where)})."
+        if shifts:
+            text += (f" The sign test finds a systematic downward shift ({', '.join(shift_where)}); it has no"
+                     f" margin, so on its own it is no reason to calibrate.")
         out.append({"model": model, "baseline": base, "variant": var, "decision": decision, "text": text,
                     "tasks_pass": passed, "tasks_fail": failed, "tasks_unsure": unsure})
     return out

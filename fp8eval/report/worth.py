@@ -16,6 +16,7 @@ from typing import Any
 
 from fp8eval.metrics.groups import length_family, parse_size, split_label
 from fp8eval.metrics.latency import R2_WARN, itl_at
+from fp8eval.metrics.verdict import decide
 
 
 def find_perf(paths: list[Path]) -> list[Path]:
@@ -93,7 +94,7 @@ def _entry(path, perf, name, arm, base, table, gate) -> dict[str, Any]:
             n = parse_size(split_label(r.group)[1])
             entry["buckets"].append({
                 "task": r.task, "bucket": r.group, "tokens": n, "recovery_pct": _finite(r.recovery_pct),
-                "ci_low": _finite(r.ci_low), "n": int(r.n),
+                "ci_low": _finite(r.ci_low), "ci_high": _finite(r.ci_high), "n": int(r.n),
                 "itl_change_pct": _change(itl_at(arm.get("itl_fit"), n), itl_at(base.get("itl_fit"), n)),
                 "ttft_change_pct": _change(_ttft_at(arm.get("ttft_fit"), n), _ttft_at(base.get("ttft_fit"), n))})
         entry["buckets"].sort(key=lambda b: (b["tokens"], b["task"]))
@@ -118,11 +119,18 @@ def verdict(e: dict[str, Any], gate: float) -> str:
         rec_s = f"; overall recovery {rec:.1f} % (no context bucket measured there)" if rec is not None \
             else "; no recovery measured at those contexts"
         return f"FP8 KV: faster {where}{rec_s}{cap_s}"
+    judged = [decide(b["ci_low"], b["ci_high"], gate) for b in above]  # the one gate rule, on each bucket's CI
     worst = min(b["recovery_pct"] for b in above)
-    if worst >= gate:
-        return f"FP8 KV: yes {where}, recovery ≥ {math.floor(worst * 10) / 10:g} % there{cap_s}"
-    return (f"FP8 KV: faster {where}, but recovery falls to {worst:.1f} % there (gate {gate:g} %): "
-            f"not worth it on accuracy{cap_s}")
+    lows = [b["ci_low"] for b in above if b["ci_low"] is not None]
+    if all(j == "pass" for j in judged):
+        return (f"FP8 KV: yes {where}: every bucket there passes the {gate:g} % gate (CI lower ends ≥"
+                f" {math.floor(min(lows) * 10) / 10:g} %){cap_s}")
+    if "fail" in judged:
+        return (f"FP8 KV: faster {where}, but a bucket there fails the {gate:g} % gate (its CI is below it; worst"
+                f" recovery {worst:.1f} %): not worth it on accuracy{cap_s}")
+    low_s = f", lowest CI end {min(lows):.1f} %" if lows else ""
+    return (f"FP8 KV: faster {where}; accuracy there is undecided: the buckets' CIs straddle the {gate:g} % gate"
+            f" (worst recovery {worst:.1f} %{low_s}): measure more before relying on it{cap_s}")
 
 
 def _pct(x, signed: bool = False) -> str:

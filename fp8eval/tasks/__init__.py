@@ -12,6 +12,7 @@ REGISTRY: dict[str, str] = {
     "niah": "fp8eval.tasks.niah:NiahTask",
     "aime25": "fp8eval.tasks.aime:AimeTask",
     "aime24": "fp8eval.tasks.aime:Aime24Task",
+    "aime": "fp8eval.tasks.aime:AimePooledTask",
     "math500": "fp8eval.tasks.math500:Math500Task",
     "gpqa_diamond": "fp8eval.tasks.gpqa:GpqaTask",
     "livecodebench": "fp8eval.tasks.livecodebench:LiveCodeBenchTask",

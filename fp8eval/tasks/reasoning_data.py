@@ -146,7 +146,7 @@ def task_dir(name: str) -> Path:
 
 # Tasks that pose the same one-message prompt (reason step by step, answer in \boxed{}) share one file.
 SHARED_PROMPTS: dict[str, Path] = {name: TASK_DATA_ROOT / "prompts" / "boxed_answer.txt"
-                                   for name in ("aime24", "aime25", "math500")}
+                                   for name in ("aime", "aime24", "aime25", "math500")}
 
 
 def template_path(task: str, filename: str = "prompt.txt") -> Path:
