@@ -15,7 +15,6 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from fp8eval.bounds import RUN_RULES, check_names, check_numbers
 from fp8eval.calibrate.config import CalibrationError
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.jsonio import write_json
@@ -27,6 +26,7 @@ from fp8eval.registry import register_configs
 from fp8eval.report import write_report
 from fp8eval.runner import Runner
 from fp8eval.table import format_table
+from fp8eval.validate import validate_config
 
 register_configs()
 
@@ -46,8 +46,7 @@ def main(cfg: DictConfig) -> None:
         print(f"\nfp8eval: {cause}", file=sys.stderr)
         sys.exit(2)
     try:  # every numeric option and every name that becomes a path, before any work (and before the plan)
-        check_numbers(typed, RUN_RULES)
-        check_names(typed)
+        validate_config(typed)
     except Fp8evalError as e:
         print(f"\nfp8eval: {e}", file=sys.stderr)
         sys.exit(2)

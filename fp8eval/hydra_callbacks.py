@@ -1,5 +1,6 @@
 """Hydra callbacks of fp8eval's Hydra apps (registered under `hydra.callbacks` in conf/config.yaml,
-conf/divergence.yaml, conf/perf.yaml, conf/sensitivity.yaml and conf/calibrate.yaml)."""
+conf/divergence.yaml, conf/perf.yaml, conf/sensitivity.yaml, conf/calibrate.yaml, conf/power.yaml and
+conf/pareto.yaml)."""
 
 from __future__ import annotations
 

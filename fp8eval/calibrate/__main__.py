@@ -20,9 +20,11 @@ from omegaconf import DictConfig, OmegaConf
 
 from fp8eval.calibrate.config import CalibConfig, CalibrateConfig, CalibrationError, unknown_calib_keys
 from fp8eval.calibrate.run import calibrate
+from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.paths import CONF_DIR
 from fp8eval.core.secrets import guard_std_streams
 from fp8eval.registry import register_wing
+from fp8eval.validate import validate_config
 
 
 def register() -> None:
@@ -40,8 +42,9 @@ def main() -> None:
     def app(cfg: DictConfig) -> None:
         typed: CalibrateConfig = OmegaConf.to_object(cfg)
         try:
+            validate_config(typed)  # every wing's one check, before any model loads
             path = calibrate(typed.model, typed.calib, log=lambda m: print(m, file=sys.stderr))
-        except CalibrationError as e:
+        except (CalibrationError, Fp8evalError) as e:
             print(f"\nfp8eval.calibrate: {e}", file=sys.stderr)
             sys.exit(2)
         report = path / "scales_report.md"

@@ -10,6 +10,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from fp8eval.core.secrets import guard_std_streams
 from fp8eval.pareto.config import ParetoRunConfig
 from fp8eval.registry import register_wing
 
@@ -59,4 +60,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    guard_std_streams()  # every line printed, Hydra's --cfg and errors included, is redacted (fp8eval.core.secrets)
     main()

@@ -19,8 +19,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from fp8eval.core.errors import Fp8evalError
+from fp8eval.core.secrets import guard_std_streams
 from fp8eval.power.config import PowerRunConfig
 from fp8eval.registry import register_wing
+from fp8eval.validate import validate_config
 
 
 def register() -> None:
@@ -39,6 +41,7 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     typed = OmegaConf.to_object(cfg)
     try:
+        validate_config(typed)  # every wing's one check, before any pilot is read
         plans = plan_all(typed)
     except Fp8evalError as e:
         print(f"\nfp8eval.power: {e}", file=sys.stderr)
@@ -54,4 +57,5 @@ def main(cfg: DictConfig) -> None:
 
 
 if __name__ == "__main__":
+    guard_std_streams()  # every line printed, Hydra's --cfg and errors included, is redacted (fp8eval.core.secrets)
     main()

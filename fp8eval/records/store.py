@@ -43,7 +43,7 @@ from pathlib import Path
 
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.records.claims import Claims, claim_name
-from fp8eval.records.codec import DEFAULT_SCORE_RANGE, canonical_json
+from fp8eval.records.codec import DEFAULT_SCORE_RANGE, encode_line
 from fp8eval.records.index import IndexedScan, StaleIndex
 from fp8eval.records.reader import ArmRecords, Key, Selection, arm_files, feed, segment_dir
 from fp8eval.records.schema import check_record
@@ -301,9 +301,16 @@ class ArmStore:
         the group commit whose fsync covers them (see `commit`)."""
         if not records:
             return
+        lines = []
         for r in records:
             check_record(r, self.score_range)
-        data = "".join(canonical_json(r) + "\n" for r in records).encode("utf-8")
+            line, written, escaped = encode_line(r)
+            if escaped:  # a completion holding a lone surrogate: written with U+FFFD, counted (record and run)
+                r.clear()
+                r.update(written)
+                self.io["escaped_chars"] = self.io.get("escaped_chars", 0) + escaped
+            lines.append(line)
+        data = b"".join(lines)
         assert self._fd is not None, "ArmStore.open() first"
         try:
             view = memoryview(data)

@@ -13,6 +13,7 @@ from fp8eval.core.secrets import guard_std_streams
 from fp8eval.metrics.pairing import PairingError
 from fp8eval.report import write_report
 from fp8eval.report.load import ReportInputError
+from fp8eval.validate import InputError, validate_report_options
 
 
 def parser() -> argparse.ArgumentParser:
@@ -47,7 +48,13 @@ def main(argv: list[str] | None = None) -> int:
     """Write the report, print each headline verdict, decision and worth line and the report directory; returns 0, or 2
     when the inputs cannot be paired or read."""
     args = parser().parse_args(argv)
-
+    try:  # every option in its range before any file is read
+        validate_report_options({"--gate": args.gate, "--level": args.level, "--unsure-margin": args.unsure_margin,
+                                 "--sign-alpha": args.sign_alpha, "--right-at": args.right_at, "--z": args.z,
+                                 "--n-boot": args.n_boot})
+    except InputError as e:
+        print(f"fp8eval.report: {e}", file=sys.stderr)
+        return 2
     try:
         out = write_report(args.paths, args.out, n_boot=args.n_boot, level=args.level, seed=args.seed,
                            strict=not args.skip_mismatched, gate=args.gate, unsure_margin=args.unsure_margin,

@@ -16,6 +16,7 @@ from fp8eval.core.paths import display_path
 from fp8eval.core.secrets import guard_std_streams
 from fp8eval.registry import register_wing
 from fp8eval.sensitivity.config import SensitivityRunConfig, unknown_key_message
+from fp8eval.validate import validate_config
 
 
 def register() -> None:
@@ -37,6 +38,7 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     typed = OmegaConf.to_object(cfg)
     try:
+        validate_config(typed)  # every wing's one check, before any engine starts
         result = run(typed)
     except Fp8evalError as e:
         print(f"\nfp8eval.sensitivity: {e}", file=sys.stderr)
