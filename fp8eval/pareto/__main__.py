@@ -57,6 +57,12 @@ def main(cfg: DictConfig) -> None:
         sys.exit(2)
     print(format_table(result))
     print(run_dir)
+    counts = result.get("counts") or {}
+    if not counts.get("measured"):  # every point failed or was infeasible: no frontier, say so in the exit status
+        print(f"\nfp8eval.pareto: no point was measured ({counts.get('errors', 0)} failed, "
+              f"{counts.get('infeasible', 0)} infeasible of {counts.get('planned', 0)}; pareto.json lists why)",
+              file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

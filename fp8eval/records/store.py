@@ -41,8 +41,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fp8eval.core.errors import Fp8evalError
-from fp8eval.records.claims import Claims, claim_name
+from fp8eval.records.claims import Claims, RecordsIOError, claim_name, io_error  # noqa: F401 - re-exported
 from fp8eval.records.codec import DEFAULT_SCORE_RANGE, encode_line
 from fp8eval.records.index import IndexedScan, StaleIndex
 from fp8eval.records.reader import ArmRecords, Key, Selection, arm_files, feed, segment_dir
@@ -50,20 +49,6 @@ from fp8eval.records.schema import check_record
 
 PRIMARY = "primary.writer"
 REPAIR = "arm.repair"
-
-
-class RecordsIOError(Fp8evalError):
-    """The records store cannot be written (disk full, read-only, a directory where a file belongs)."""
-
-
-def io_error(e: OSError, what: str, path: Path) -> RecordsIOError:
-    """One line for an OSError of the store, naming the path and what to do."""
-    name = errno.errorcode.get(e.errno or 0, "")
-    hint = {"ENOSPC": "free some space", "EDQUOT": "free some space", "EROFS": "choose a writable records_dir",
-            "EACCES": "choose a records_dir you may write", "EPERM": "choose a records_dir you may write",
-            "EISDIR": "move the directory away", "ENOTDIR": "move the file away"}.get(name, "check the path")
-    return RecordsIOError(f"cannot {what} {path}: {e.strerror or e} ({name or e.errno}); {hint}, then rerun the "
-                          "same command (every record acknowledged so far is kept)")
 
 
 def repair_torn_tail(path: Path) -> int:

@@ -350,3 +350,113 @@ def test_a_large_text_is_read_only_as_far_as_its_tokens(tmp_path):
     assert [p.length for p in ps] == [4] and counts["used_whole"] == 1
     with pytest.raises(ValueError, match="no length to cut the texts to"):
         text_passages(tok, read_texts([str(big)]), [])
+
+
+# --- the moderate list --------------------------------------------------------------------------------------
+def test_an_anatomy_step_that_crashes_still_leaves_summary_json_with_the_error_counted(tmp_path, monkeypatch):
+    from fp8eval.engines.fake import FakeEngine
+
+    def broken(self, req, forced_text, other_text):
+        raise KeyError("the engine fell over")
+
+    monkeypatch.setattr(FakeEngine, "teacher_force", broken)
+    args = ["engine=fake", "task.lengths=[1024,2048]", "task.depths=[0,50,100]", "task.needles_per_cell=2",
+            "+engine.engine_args.fake_fp8_error=0.5"]
+    s = run_inprocess(tmp_path, args, "a")
+    a = s["anatomy"]["fp8"]
+    assert a["flips"] >= 1 and a["errors"] == a["flips"] and a["computed"] == 0
+    assert a["failed"].startswith("KeyError") and (tmp_path / "a" / "summary.json").is_file()
+
+
+def test_a_full_disk_while_claiming_is_one_line_and_leaves_no_empty_claim(tmp_path, monkeypatch):
+    import errno
+
+    from fp8eval.records import claims as claims_mod
+
+    c = claims_mod.Claims(tmp_path / "arm.claims").register()
+    try:
+        def full(fd, data):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(claims_mod.os, "write", full)
+        with pytest.raises(claims_mod.RecordsIOError) as e:
+            c.try_claim("abc.0")
+        assert "ENOSPC" in str(e.value) and "free some space" in str(e.value) and "\n" not in str(e.value)
+        assert not (tmp_path / "arm.claims" / "abc.0").exists()
+    finally:
+        monkeypatch.undo()
+        c.close()
+
+
+def _server_run(tmp_path, srv, *extra):
+    from conftest import run_cli
+
+    return run_cli(tmp_path, ["engine=server", f"engine.base_urls.bf16={srv.url}", "kv=bf16", "baseline=none",
+                              "task.lengths=[512]", "task.depths=[0]", "task.needles_per_cell=1", "report=false",
+                              "engine.max_retries=0", "hydra.run.dir=run", *extra], check=False)
+
+
+def test_a_tokenize_count_that_is_not_a_number_is_one_line(tmp_path):
+    from fake_openai_server import FakeOpenAIServer
+
+    with FakeOpenAIServer(model="HuggingFaceTB/SmolLM2-135M-Instruct") as srv:
+        srv.tokenize_fn = lambda body: {"count": "many", "max_model_len": 4096, "tokens": []}
+        proc = _server_run(tmp_path, srv)
+    assert proc.returncode == 2 and "/tokenize answered count='many'" in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and srv.generation_calls == 0
+
+
+def test_url_and_url_slash_are_one_replica():
+    from fp8eval.engines.pool import replica_key
+
+    same = ["http://h:8000", "http://h:8000/", "HTTP://H:8000/v1/", "http://h:8000/v1"]
+    assert len({replica_key(u) for u in same}) == 1
+    assert replica_key("http://h") == replica_key("http://h:80/")
+    assert len({replica_key(u) for u in ["http://h:8000", "http://h:8001", "https://h:8000", "http://g:8000"]}) == 4
+
+
+def test_url_and_url_slash_listed_together_are_refused(tmp_path):
+    from fake_openai_server import FakeOpenAIServer
+
+    with FakeOpenAIServer(model="HuggingFaceTB/SmolLM2-135M-Instruct") as srv:
+        proc = _server_run(tmp_path, srv, f"engine.base_urls.bf16=[{srv.url},{srv.url}/]")
+    assert proc.returncode == 2 and "lists one server more than once" in proc.stderr, proc.stderr
+
+
+def test_trusting_a_declared_kv_that_is_not_served_says_so_on_the_terminal(tmp_path):
+    from fake_openai_server import FakeOpenAIServer
+
+    with FakeOpenAIServer(model="HuggingFaceTB/SmolLM2-135M-Instruct", cache_dtype="fp8") as srv:
+        proc = _server_run(tmp_path, srv, "engine.trust_declared_kv=true")
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stderr.splitlines() if x.startswith("warning: kv=bf16"))
+    assert "does not run the KV cache this arm asks for" in line and "trust_declared_kv=true" in line
+
+
+def test_a_tokenize_that_ignores_its_input_is_detected():
+    from fp8eval.engines.base import EngineError, Request
+    from fp8eval.engines.server.forcing import teacher_force
+
+    class Deaf:  # a server whose /tokenize answers the same ids whatever it is asked
+        model_id = "m"
+
+        def post_json(self, path, body, refused):
+            return {"count": 3, "tokens": [1, 2, 3]}
+
+    req = Request(id="r", messages=({"role": "user", "content": "q"},), n=1, seeds=(0,), sampling={})
+    with pytest.raises(EngineError, match="does not tokenize its input"):
+        teacher_force(Deaf(), req, "the answer is 4", "the answer is 5")
+
+
+def test_pareto_exits_non_zero_when_no_point_was_measured(monkeypatch, capsys):
+    import fp8eval.pareto.__main__ as pm
+
+    result = {"points": [], "pick": None, "pick_reason": "no point", "serve": None,
+              "counts": {"planned": 2, "infeasible": 0, "measured": 0, "errors": 2}}
+    monkeypatch.setattr("fp8eval.pareto.sweep.run", lambda cfg, run_dir, out=print: result)
+    monkeypatch.setattr(pm, "HydraConfig", type("H", (), {"get": staticmethod(
+        lambda: type("C", (), {"runtime": type("R", (), {"output_dir": "run"})})())}))
+    monkeypatch.setattr(pm.OmegaConf, "to_object", lambda cfg: cfg)
+    with pytest.raises(SystemExit) as e:
+        pm.main.__wrapped__(None)
+    assert e.value.code == 2 and "no point was measured (2 failed, 0 infeasible of 2" in capsys.readouterr().err
