@@ -115,11 +115,6 @@ def validate_config(cfg: Any) -> None:
     if stats_alpha is not None and alpha_cs is not None and alpha_cs >= stats_alpha:
         raise InputError(f"stop.alpha_cs={alpha_cs!r}: must be below stats.alpha={stats_alpha!r} (it is the part "
                          "of stats.alpha the confidence sequence spends)")
-    power = _section(cfg, "power")
-    if power is not None and getattr(power, "delta", None) is not None and \
-            getattr(power, "recovery_floor", None) is not None:
-        raise InputError(f"power.delta={power.delta!r} and power.recovery_floor={power.recovery_floor!r}: give one "
-                         "target, not both")
     _check_lengths(cfg)
 
 

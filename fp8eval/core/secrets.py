@@ -44,6 +44,8 @@ SECRET_WORDS = frozenset({
 SECRET_PAIRS = frozenset({("api", "key"), ("access", "key"), ("secret", "key"), ("private", "key"),
                           ("subscription", "key"), ("session", "id"), ("auth", "key"), ("account", "key"),
                           ("master", "key"), ("sas", "key")})
+# ... or its last word ends with one of these (`accesstoken`, `refreshtoken`, `dbpassword`, `openaiapikey`).
+SECRET_SUFFIXES = ("token", "secret", "password", "passwd", "apikey")
 SECRET_FIELDS = ("authorization", "proxy-authorization", "x-api-key", "api-key", "api_key", "apikey",
                  "x-auth-token", "cookie", "set-cookie", "ocp-apim-subscription-key", "password", "client_secret")
 
@@ -56,6 +58,9 @@ _QUERY = re.compile(r"(?P<key>[?&;](?P<name>[\w.~%+-]+)=)(?P<value>(?:\\[^\s]|[^
 _BEARER = re.compile(r"(?P<key>\b(?:Bearer|Basic|Token)(?:\\?[ \t])+)(?P<value>[A-Za-z0-9._~+/=-]{4,})")
 # `name: value`, `name=value`, `"name": "value"`, `'name': 'value'`, `--name=value`, `+a.b.Name=value`
 _NAME = re.compile(r"(?<![\w.])(?P<name>[A-Za-z_][\w.-]*)(?P<sep>(?:''|\\?[\"'])?[ \t]*\\?[:=][ \t]*)(?P<quote>''|\\?[\"']|)")
+# a command-line flag and its value, also as list items: `--api-key SECRET`, `--api-key=SECRET`, `'--api-key', 'SECRET'`
+_FLAG = re.compile(r"(?P<key>(?<![\w-])--(?P<name>[A-Za-z][\w-]*)(?:=|\\?[ \t]+|(?:''|\\?[\"'])?,[ \t]*(?:''|\\?[\"'])?))"
+                   r"(?P<value>[^-\s\"',\]][^\s\"',\]]*)")
 _SCHEME = re.compile(r"(?:(?:Bearer|Basic|Token|Digest)(?:\\?[ \t])+)?", re.IGNORECASE)
 _VALUE = {'"': re.compile(r'(?:\\.|[^"\\\n])+'), "'": re.compile(r"(?:''|[^'\n])+"),
           "''": re.compile(r"(?:[^'\n]|'(?!'))+"),
@@ -81,7 +86,8 @@ def secret_name(name: str) -> bool:
     words = _words(name)
     if not words:
         return False
-    return words[-1] in SECRET_WORDS or tuple(words[-2:]) in SECRET_PAIRS or name.lower() in SECRET_FIELDS
+    return (words[-1] in SECRET_WORDS or tuple(words[-2:]) in SECRET_PAIRS or name.lower() in SECRET_FIELDS
+            or words[-1].endswith(SECRET_SUFFIXES))
 
 
 def learn(value: str) -> None:
@@ -144,6 +150,13 @@ def _query(m: re.Match) -> str:
     return f"{m.group('key')}{MASK}"
 
 
+def _flag(m: re.Match) -> str:
+    if not secret_name(m.group("name")) or m.group("value") == MASK:
+        return m.group(0)
+    learn(m.group("value"))
+    return f"{m.group('key')}{MASK}"
+
+
 def _bearer(m: re.Match) -> str:
     learn(m.group("value"))
     return f"{m.group('key')}{MASK}"
@@ -158,6 +171,7 @@ def redact(text: Any) -> str:
     s = _USERINFO.sub(_userinfo, s)
     s = _QUERY.sub(_query, s)
     s = _fields(s)
+    s = _FLAG.sub(_flag, s)
     s = _BEARER.sub(_bearer, s)
     s = _SHAPES.sub(MASK, s)
     for value in sorted(_LEARNED, key=len, reverse=True) if _LEARNED else ():

@@ -41,6 +41,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fp8eval.core.secrets import redact_obj
 from fp8eval.records.claims import Claims, RecordsIOError, claim_name, io_error  # noqa: F401 - re-exported
 from fp8eval.records.codec import DEFAULT_SCORE_RANGE, encode_line
 from fp8eval.records.index import IndexedScan, StaleIndex
@@ -141,7 +142,8 @@ class ArmStore:
         if isinstance(old, dict) and old.get("score_range", "absent") == meta["score_range"] and "fingerprint" in old:
             return
         tmp = self.meta_path.with_name(f".{self.meta_path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+        # redacted (an `--api-key` in a managed server's extra_flags); the fingerprint is the unredacted material's
+        tmp.write_text(json.dumps(redact_obj(meta), indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
         os.replace(tmp, self.meta_path)
 
     def _open(self) -> None:

@@ -151,6 +151,9 @@ def _carriers(name: str, value: str):
     yield repr({name: value})
     yield OmegaConf.to_yaml({"engine": {"default_headers": {name: value}}})
     yield f"{name}=Bearer {value}"
+    flag = "--" + name.lower().replace("_", "-")
+    yield f"vllm serve m {flag} {value} --port 8000"
+    yield repr([flag, value, "--port"])
 
 
 def _spellings(text: str):
