@@ -57,7 +57,12 @@ _USERINFO = re.compile(r"(?P<scheme>\b[a-zA-Z][a-zA-Z0-9+.-]*\\?:" + _SLASH + _S
 _QUERY = re.compile(r"(?P<key>[?&;](?P<name>[\w.~%+-]+)=)(?P<value>(?:\\[^\s]|[^&;\s'\",#\\)\]}<>])+)")
 _BEARER = re.compile(r"(?P<key>\b(?:Bearer|Basic|Token)(?:\\?[ \t])+)(?P<value>[A-Za-z0-9._~+/=-]{4,})")
 # `name: value`, `name=value`, `"name": "value"`, `'name': 'value'`, `--name=value`, `+a.b.Name=value`
-_NAME = re.compile(r"(?<![\w.])(?P<name>[A-Za-z_][\w.-]*)(?P<sep>(?:''|\\?[\"'])?[ \t]*\\?[:=][ \t]*)(?P<quote>''|\\?[\"']|)")
+# The endings of names that may be a secret's (found with str.find: a large summary or report is scanned in C),
+# then the separator and opening quote after the name; the name is the run of [\w.-] before it (`_fields`).
+_NAME_ENDS = ("token", "secret", "password", "passwd", "pwd", "passphrase", "key", "cookie", "credential",
+              "credentials", "signature", "authorization", "auth", "sig", "pat", "bearer", "sessionid", "session_id",
+              "session-id")
+_AFTER_NAME = re.compile(r"(?P<sep>(?:''|\\?[\"'])?[ \t]*\\?[:=][ \t]*)(?P<quote>''|\\?[\"']|)")
 # a command-line flag and its value, also as list items: `--api-key SECRET`, `--api-key=SECRET`, `'--api-key', 'SECRET'`
 _FLAG = re.compile(r"(?P<key>(?<![\w-])--(?P<name>[A-Za-z][\w-]*)(?:=|\\?[ \t]+|(?:''|\\?[\"'])?,[ \t]*(?:''|\\?[\"'])?))"
                    r"(?P<value>[^-\s\"',\]][^\s\"',\]]*)")
@@ -70,6 +75,7 @@ _PLAIN = re.compile(r"-?[\d.]+(?:[eE][+-]?\d+)?|null|none|true|false|~|\*\*\*|\$
 # Values that are secrets by their shape, wherever they stand (hub, OpenAI, GitHub, Slack, AWS tokens).
 _SHAPES = re.compile(r"\b(?:hf_[A-Za-z0-9]{30,}|sk-[A-Za-z0-9_-]{20,}|gh[pousr]_[A-Za-z0-9]{30,}"
                      r"|xox[abpr]-[A-Za-z0-9-]{10,}|AKIA[0-9A-Z]{16})\b")
+_SHAPE_MARKS = ("hf_", "sk-", "ghp_", "gho_", "ghu_", "ghs_", "ghr_", "xox", "AKIA")
 # Every secret value seen once (by a form above, in argv or in a secret-named environment variable) is masked
 # wherever it appears again, in any spelling (`learn`).
 _LEARNED: dict[str, None] = {}
@@ -114,10 +120,22 @@ def learn_from_environment(environ: Any = None) -> None:
             learn(value)
 
 
+def _name_ends(s: str) -> list[int]:
+    """Positions right after an occurrence of one of _NAME_ENDS (any case), in order."""
+    low, ends = s.lower(), set()
+    for word in _NAME_ENDS:
+        i = low.find(word)
+        while i >= 0:
+            ends.add(i + len(word))
+            i = low.find(word, i + 1)
+    return sorted(ends)
+
+
 def _fields(s: str) -> str:
     out, pos = [], 0
-    for m in _NAME.finditer(s):
-        if m.start() < pos or not secret_name(m.group("name")):
+    for end in _name_ends(s):
+        m = _AFTER_NAME.match(s, end)
+        if m is None or end < pos:
             continue
         at = m.end()
         quote = m.group("quote") or ""
@@ -125,6 +143,11 @@ def _fields(s: str) -> str:
             at = _SCHEME.match(s, at).end()
         v = _VALUE[quote].match(s, at)
         if v is None or _PLAIN.fullmatch(v.group(0)) or v.group(0).startswith(MASK):
+            continue  # (most candidates in a summary: `kv_bytes_per_token: 1024`)
+        begin, low = end, max(pos, end - 200)
+        while begin > low and (s[begin - 1].isalnum() or s[begin - 1] in "_.-"):
+            begin -= 1
+        if not secret_name(s[begin:end].lstrip("-.")):
             continue
         learn(v.group(0))
         out.append(s[pos:m.end()])
@@ -168,12 +191,20 @@ def redact(text: Any) -> str:
     s = text.decode("utf-8", "replace") if isinstance(text, (bytes, bytearray)) else str(text)
     if not s:
         return s
-    s = _USERINFO.sub(_userinfo, s)
-    s = _QUERY.sub(_query, s)
-    s = _fields(s)
-    s = _FLAG.sub(_flag, s)
-    s = _BEARER.sub(_bearer, s)
-    s = _SHAPES.sub(MASK, s)
+    # each form only where its mark is (a large summary or report is mostly scanned by str.find)
+    if "@" in s:
+        s = _USERINFO.sub(_userinfo, s)
+    if "=" in s:
+        s = _QUERY.sub(_query, s)
+    if ":" in s or "=" in s:
+        s = _fields(s)
+    if "--" in s:
+        s = _FLAG.sub(_flag, s)
+    low = s.lower()
+    if "bearer" in low or "basic" in low or "token" in low:
+        s = _BEARER.sub(_bearer, s)
+    if any(mark in s for mark in _SHAPE_MARKS):
+        s = _SHAPES.sub(MASK, s)
     for value in sorted(_LEARNED, key=len, reverse=True) if _LEARNED else ():
         if value in s:
             s = s.replace(value, MASK)
@@ -242,18 +273,28 @@ def redact_tree(directory: Path) -> list[Path]:
 
 
 class RedactingStream(io.TextIOBase):
-    """A text stream that passes every write through `redact` before the stream it wraps."""
+    """A text stream that passes every line through `redact` before the stream it wraps. A line is kept until
+    its end ("\n" or "\r") or a flush: `print("token:", value)` writes its pieces apart, and a secret form split
+    across writes is still seen whole."""
 
     def __init__(self, inner):
         self.inner = inner
+        self._pending = ""
 
     def write(self, s: str) -> int:
-        """Write `s` redacted; returns len(s), as callers expect."""
-        self.inner.write(redact(s))
+        """Write the complete lines of what was written so far, redacted; returns len(s), as callers expect."""
+        text = self._pending + s
+        cut = max(text.rfind("\n"), text.rfind("\r")) + 1
+        self._pending = text[cut:]
+        if cut:
+            self.inner.write(redact(text[:cut]))
         return len(s)
 
     def flush(self) -> None:
-        """Flush the wrapped stream."""
+        """Write what is pending (redacted) and flush the wrapped stream."""
+        if self._pending:
+            pending, self._pending = self._pending, ""
+            self.inner.write(redact(pending))
         self.inner.flush()
 
     def fileno(self) -> int:

@@ -463,3 +463,18 @@ def test_pareto_exits_non_zero_when_no_point_was_measured(monkeypatch, capsys):
     with pytest.raises(SystemExit) as e:
         pm.main.__wrapped__(None)
     assert e.value.code == 2 and "no point was measured (2 failed, 0 infeasible of 2" in capsys.readouterr().err
+
+
+def test_a_secret_printed_in_pieces_is_redacted_whole():
+    import io
+
+    _fresh()
+    sink = io.StringIO()
+    stream = secrets.RedactingStream(sink)
+    print("X-Access-Token:", "PIECESECRET", file=stream)
+    print("progress 3/4", end="\r", file=stream)
+    stream.write("partial hf_token=TAILSECRET")
+    assert "TAILSECRET" not in sink.getvalue()  # not yet written: the line is not over
+    stream.flush()
+    assert sink.getvalue() == "X-Access-Token: ***\nprogress 3/4\rpartial hf_token=***"
+    _fresh()
