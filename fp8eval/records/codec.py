@@ -111,6 +111,18 @@ def encode_line(record: dict) -> tuple[bytes, dict, int]:
         return (canonical_json(clean) + "\n").encode("utf-8"), clean, n
 
 
+def _carried(obj):
+    """A parsed line with every lone surrogate replaced by U+FFFD and counted in its `escaped_chars` (a line
+    written by hand or by another tool: ours never holds one), so nothing downstream fails to encode it."""
+    if type(obj) is not dict:
+        return obj
+    clean, n = escape_unencodable(obj)
+    if not n:
+        return obj
+    clean["escaped_chars"] = int(obj.get("escaped_chars") or 0) + n if type(obj.get("escaped_chars", 0)) is int else n
+    return clean
+
+
 @dataclass
 class LineProblem:
     """A line set aside: where it is and why (`corrupt_line`, `not_a_record`, `torn_tail`)."""
@@ -233,6 +245,8 @@ class FileScan:
             except RecursionError:  # json's decoder recurses once per level: a hostile line cannot stop a reader
                 self._problem(line, "corrupt_line", "not JSON (nested too deeply to read)")
                 return
+        if (b"\\ud" in raw or b"\\uD" in raw) if type(raw) is bytes else ("\\ud" in raw or "\\uD" in raw):
+            obj = _carried(obj)  # a lone surrogate escaped in the line: U+FFFD, counted in the record
         try:
             why = record_problem(obj, self.score_range)
         except RecursionError:

@@ -478,3 +478,24 @@ def test_a_secret_printed_in_pieces_is_redacted_whole():
     stream.flush()
     assert sink.getvalue() == "X-Access-Token: ***\nprogress 3/4\rpartial hf_token=***"
     _fresh()
+
+
+def test_a_hand_written_lone_surrogate_line_is_read_escaped_and_the_report_is_written(tmp_path):
+    from fp8eval.records import read_records
+    from fp8eval.report import write_report
+
+    args = [*FAST, "+engine.engine_args.fake_fp8_error=0.5"]
+    first = run_inprocess(tmp_path, args, "a")
+    var = Path(first["arms"]["fp8"]["records"])
+    rec = dict(read_records(var)[0], time="9999-01-01T00:00:00+00:00", completion="=HYPERLINK(\ud800)")
+    with open(var, "a", encoding="ascii") as f:
+        f.write(json.dumps(rec) + "\n")  # ensure_ascii: the surrogate as the JSON escape \ud800
+    again = run_inprocess(tmp_path, args, "b")
+    assert again["arms"]["fp8"]["requests_sent"] == 0 and again["arms"]["fp8"]["n_records"] == 2
+    [got] = [r for r in read_records(var) if r["time"].startswith("9999")]
+    assert got["completion"] == "=HYPERLINK(\ufffd)" and got["escaped_chars"] == 1
+    (tmp_path / "b" / ".hydra").mkdir()
+    (tmp_path / "b" / ".hydra" / "config.yaml").write_text(
+        "model: {name: smollm2-135m}\ntask: {name: niah}\nkv: {name: fp8}\nbaseline: bf16\n")
+    out = write_report([tmp_path / "b"], tmp_path / "report")
+    assert Path(out).exists()
