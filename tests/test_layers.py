@@ -129,7 +129,7 @@ RANKS = {
     "calibrate": 10, "divergence": 10, "perf": 10, "power": 10, "probe": 10, "knobaudit": 10,  # the wings
     "sensitivity": 11,  # builds on divergence's measures and passages
     "pareto": 11,  # every KV format on one frontier: divergence's probe through the door
-    "__main__": 12, "hydra_callbacks": 12,
+    "__main__": 12, "hydra_callbacks": 12, "up": 12,  # up: keeps a run's vLLM servers alive (the warm path)
 }
 # The one import allowed to run back up: the `${calibrated:<strategy>}` resolver that every Hydra CLI shares
 # needs the calibration store to name the latest checkpoint.

@@ -30,7 +30,7 @@ from fp8eval.engines import async_bridge
 from fp8eval.engines.base import Completion, EngineError, Request
 from fp8eval.engines.server.answers import error_completion
 from fp8eval.engines.server.client import Endpoint
-from fp8eval.engines.server.managed import ManagedServerMixin
+from fp8eval.engines.server.managed import ManagedServerMixin, prestart_kept
 from fp8eval.engines.server.preflight import PreflightMixin
 from fp8eval.engines.spec import ArmSpec
 from fp8eval.engines.vllm import args as vargs
@@ -50,6 +50,7 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
     def __init__(self, cfg: RunConfig, arm: ArmSpec, shared: dict | None = None):
         self.cfg = cfg
         self.kv = arm  # the arm (ArmSpec); the mixins read self.kv.name
+        self.shared = shared
         e = cfg.engine
         self.base_url = (e.base_urls or {}).get(arm.name) or e.base_url
         self.managed = not self.base_url
@@ -84,6 +85,12 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
         except BaseException:
             self.close()
             raise
+
+    @classmethod
+    def prestart(cls, arm_cfgs: list, shared: dict) -> dict | None:
+        """engine.keep_alive: start every arm's server not yet running at once, each sized to share the GPU
+        (fp8eval.engines.server.managed.prestart_kept); None otherwise (managed servers start one at a time)."""
+        return prestart_kept(arm_cfgs, shared)
 
     @staticmethod
     def _engine_args(cfg: RunConfig, arm: ArmSpec) -> dict[str, Any]:
