@@ -21,6 +21,7 @@ import sys
 
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.paths import CONF_DIR
+from fp8eval.core.secrets import guard_std_streams
 from fp8eval.engines.server import kept
 
 USAGE = __doc__.split("\n\n")[1]
@@ -54,11 +55,13 @@ def up(overrides: list[str]) -> int:
     from fp8eval.arms import open_engines, resolve_arms
     from fp8eval.control import with_control_arm
     from fp8eval.registry import register_configs
+    from fp8eval.validate import validate_config
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = OmegaConf.to_object(compose("config", overrides=[*overrides, "engine=server"]))
     cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, keep_alive=True))
+    validate_config(cfg)  # every wing's one check, before any server starts
     arms = with_control_arm(cfg, resolve_arms(cfg))
     with open_engines(cfg, kind="server") as door:
         info = door.prestart(arms)
@@ -89,4 +92,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    guard_std_streams()  # every line printed (the overrides echoed back included) is redacted
     sys.exit(main())

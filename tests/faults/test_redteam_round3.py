@@ -87,7 +87,7 @@ def test_every_wing_entry_point_calls_the_one_pass():
     """A wing that skips the pass is how `pareto divergence.lengths=[-5]` ran for 240 s: each entry point calls
     validate_config (the main CLI, divergence, pareto, power, sensitivity, perf, calibrate)."""
     for path in ("__main__.py", "divergence/run.py", "pareto/sweep.py", "power/__main__.py", "sensitivity/__main__.py",
-                 "perf/run.py", "calibrate/__main__.py"):
+                 "perf/run.py", "calibrate/__main__.py", "up.py", "knobaudit/__main__.py"):
         assert "validate_config(" in (REPO / "fp8eval" / path).read_text(), path
     assert "validate_report_options(" in (REPO / "fp8eval" / "report" / "__main__.py").read_text()
 
