@@ -7,10 +7,11 @@ the list of valid keys. `engine_args` dicts are the exception on purpose: they h
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 
 @dataclass
@@ -111,6 +112,18 @@ def emulation_in_effect(knobs: dict, cache_dtype: str) -> dict:
 
 
 _CACHE_KEYS = ("kv_cache_dtype", "cache_dtype")
+
+
+def plain(node) -> dict:
+    """A config node as a plain dict, resolved: a dataclass, a DictConfig or any mapping ({} for None); the one
+    conversion fingerprints, arms and controls use."""
+    if node is None:
+        return {}
+    if dataclasses.is_dataclass(node):
+        return OmegaConf.to_container(OmegaConf.structured(node), resolve=True)  # type: ignore[return-value]
+    if OmegaConf.is_config(node):
+        return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
+    return dict(node)
 
 
 def bf16_cache_spelling(material, model_dtype) -> object:

@@ -21,7 +21,6 @@ import sys
 
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.paths import CONF_DIR
-from fp8eval.core.secrets import guard_std_streams
 from fp8eval.engines.server import kept
 
 USAGE = __doc__.split("\n\n")[1]
@@ -53,7 +52,6 @@ def up(overrides: list[str]) -> int:
     from omegaconf import OmegaConf
 
     from fp8eval.arms import open_engines, resolve_arms
-    from fp8eval.control import with_control_arm
     from fp8eval.registry import register_configs
     from fp8eval.validate import validate_config
 
@@ -62,7 +60,7 @@ def up(overrides: list[str]) -> int:
         cfg = OmegaConf.to_object(compose("config", overrides=[*overrides, "engine=server"]))
     cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, keep_alive=True))
     validate_config(cfg)  # every wing's one check, before any server starts
-    arms = with_control_arm(cfg, resolve_arms(cfg))
+    arms = resolve_arms(cfg, control=True)  # a control arm too, checked at the door
     with open_engines(cfg, kind="server") as door:
         info = door.prestart(arms)
         for arm in arms:
@@ -92,5 +90,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    guard_std_streams()  # every line printed (the overrides echoed back included) is redacted
+    from fp8eval.core.secrets import guard_std_streams
+
+    guard_std_streams()  # the servers' URLs it prints are redacted (fp8eval.core.secrets)
     sys.exit(main())

@@ -125,7 +125,7 @@ RANKS = {
     "report": 7,
     "runner": 8, "arms": 8, "shard": 8, "plan": 8, "token_counts": 8, "overrides": 8, "stopping": 8, "table": 8,
     "control": 8, "anatomy": 8,
-    "registry": 9,
+    "registry": 9, "wing": 9,  # the shared ConfigStore and resolvers; the one shell of every Hydra wing
     "calibrate": 10, "divergence": 10, "perf": 10, "power": 10, "probe": 10, "knobaudit": 10,  # the wings
     "sensitivity": 11,  # builds on divergence's measures and passages
     "pareto": 11,  # every KV format on one frontier: divergence's probe through the door

@@ -86,9 +86,11 @@ def test_every_shipped_wing_config_passes_the_pass(wing):
 def test_every_wing_entry_point_calls_the_one_pass():
     """A wing that skips the pass is how `pareto divergence.lengths=[-5]` ran for 240 s: each entry point calls
     validate_config (the main CLI, divergence, pareto, power, sensitivity, perf, calibrate)."""
-    for path in ("__main__.py", "divergence/run.py", "pareto/sweep.py", "power/__main__.py", "sensitivity/__main__.py",
-                 "perf/run.py", "calibrate/__main__.py", "up.py", "knobaudit/__main__.py"):
+    for path in ("wing.py", "divergence/run.py", "pareto/sweep.py", "perf/run.py", "up.py", "knobaudit/__main__.py"):
         assert "validate_config(" in (REPO / "fp8eval" / path).read_text(), path
+    for wing in ("__main__.py", "divergence/__main__.py", "pareto/__main__.py", "power/__main__.py",
+                 "sensitivity/__main__.py", "perf/__main__.py", "calibrate/__main__.py"):
+        assert "hydra_wing(" in (REPO / "fp8eval" / wing).read_text(), wing  # the shell that runs the pass
     assert "validate_report_options(" in (REPO / "fp8eval" / "report" / "__main__.py").read_text()
 
 
@@ -451,18 +453,14 @@ def test_a_tokenize_that_ignores_its_input_is_detected():
         teacher_force(Deaf(), req, "the answer is 4", "the answer is 5")
 
 
-def test_pareto_exits_non_zero_when_no_point_was_measured(monkeypatch, capsys):
+def test_pareto_exits_non_zero_when_no_point_was_measured(monkeypatch, capsys, tmp_path):
     import fp8eval.pareto.__main__ as pm
 
     result = {"points": [], "pick": None, "pick_reason": "no point", "serve": None,
               "counts": {"planned": 2, "infeasible": 0, "measured": 0, "errors": 2}}
     monkeypatch.setattr("fp8eval.pareto.sweep.run", lambda cfg, run_dir, out=print: result)
-    monkeypatch.setattr(pm, "HydraConfig", type("H", (), {"get": staticmethod(
-        lambda: type("C", (), {"runtime": type("R", (), {"output_dir": "run"})})())}))
-    monkeypatch.setattr(pm.OmegaConf, "to_object", lambda cfg: cfg)
-    with pytest.raises(SystemExit) as e:
-        pm.main.__wrapped__(None)
-    assert e.value.code == 2 and "no point was measured (2 failed, 0 infeasible of 2" in capsys.readouterr().err
+    assert pm.run_wing(None, tmp_path) == 2
+    assert "no point was measured (2 failed, 0 infeasible of 2" in capsys.readouterr().err
 
 
 def test_a_secret_printed_in_pieces_is_redacted_whole():

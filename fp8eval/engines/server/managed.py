@@ -10,9 +10,9 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import fp8eval.engines.server.kept as kept
 from fp8eval.engines import attention
 from fp8eval.engines.base import EngineError
-from fp8eval.engines.server import kept
 from fp8eval.engines.vllm import args as vargs
 from fp8eval.engines.vllm import child as vchild
 from fp8eval.engines.vllm import kvcheck, logscan, startup
