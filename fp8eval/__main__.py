@@ -19,7 +19,6 @@ from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from fp8eval.bounds import RUN_RULES, check_names, check_numbers
 from fp8eval.calibrate.config import CalibrationError
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.jsonio import write_json
@@ -30,6 +29,7 @@ from fp8eval.registry import register_configs
 from fp8eval.report import write_report
 from fp8eval.runner import Runner
 from fp8eval.table import format_table
+from fp8eval.validate import validate_config
 from fp8eval.wing import hydra_wing
 
 register_configs()
@@ -39,8 +39,7 @@ def run(typed, run_dir: Path) -> None:
     """Run the composed task (or suite) for the kv arm and its baseline; print the run dir last. A config that
     cannot be made (`${calibrated:...}` with nothing calibrated yet) or an fp8eval error exits 2 with one line."""
     # every numeric option and every name that becomes a path, before any work (and before the plan)
-    check_numbers(typed, RUN_RULES)
-    check_names(typed)
+    validate_config(typed)  # also done by the shell (fp8eval.wing); here for callers of run() itself
     if typed.dry_run or typed.plan.gpus is not None:  # presets state their cost before they start
         from fp8eval.plan import format_plan
         from fp8eval.runner import effective_sampling

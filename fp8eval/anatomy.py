@@ -55,34 +55,44 @@ def dissect(views, records_root, request_of, door, task, items, arms, fingerprin
         summary[arm.name] = info
         if not todo:
             continue
-        if settle is not None:
-            settle()
-        with door.engine(arm) as engine:
-            if not engine.capabilities.teacher_force:
-                info["unavailable"] = (f"the {engine.kind} engine cannot teacher-force (its capabilities say so); "
-                                       "the flips are listed without their anatomy")
-                continue
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with path.open("a", encoding="utf-8") as fh:
-                for direction, b, o in todo:
-                    item = by_key.get((b["sample_id"], int(b["repeat"])))
-                    row = {"key": row_key(b["sample_id"], b["repeat"], b["completion"], o["completion"]),
-                           "sample_id": b["sample_id"], "repeat": int(b["repeat"]), "direction": direction,
-                           "baseline_arm": fingerprints[base.name]}
-                    try:
-                        if item is None or item.prompt is None:
-                            raise Fp8evalError("its prompt is not in this run's plan")
-                        req = request_of(f"{b['sample_id']}|anatomy", item.prompt, 1, [int(o.get("seed") or 0)])
-                        row.update(engine.teacher_force(req, b["completion"] or "", o["completion"] or ""))
-                    except (Fp8evalError, ValueError, RuntimeError) as e:  # not kept: the next run retries it
-                        info["errors"] += 1
-                        info.setdefault("first_error", f"{b['sample_id']}#{b['repeat']}: {type(e).__name__}: {e}"[:300])
-                        continue
-                    info["computed"] += 1
-                    fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-                    fh.flush()
+        try:  # a crash of this step (an engine that will not open, a full disk) is counted; the run's summary stands
+            _dissect_arm(request_of, door, arm, base, todo, by_key, fingerprints, path, info, settle)
+        except Exception as e:  # noqa: BLE001 - KeyboardInterrupt and SystemExit still stop the run
+            info["failed"] = f"{type(e).__name__}: {e}"[:300]
+            info["errors"] = len(todo) - info["computed"]
+            out(f"anatomy: {arm.name} stopped: {info['failed']}")
         if info["errors"]:
             print(f"warning: {info['errors']} flip(s) of {arm.name} could not be teacher-forced ({path})",
                   file=sys.stderr)
         out(f"anatomy: {info['computed']} flip(s) of {arm.name} teacher-forced through it")
     return summary
+
+
+def _dissect_arm(request_of, door, arm, base, todo, by_key, fingerprints, path, info, settle) -> None:
+    """Teacher-force the flips `todo` of one arm (the rows appended to `path`, counts into `info`)."""
+    if settle is not None:
+        settle()
+    with door.engine(arm) as engine:
+        if not engine.capabilities.teacher_force:
+            info["unavailable"] = (f"the {engine.kind} engine cannot teacher-force (its capabilities say so); "
+                                   "the flips are listed without their anatomy")
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a", encoding="utf-8") as fh:
+            for direction, b, o in todo:
+                item = by_key.get((b["sample_id"], int(b["repeat"])))
+                row = {"key": row_key(b["sample_id"], b["repeat"], b["completion"], o["completion"]),
+                       "sample_id": b["sample_id"], "repeat": int(b["repeat"]), "direction": direction,
+                       "baseline_arm": fingerprints[base.name]}
+                try:
+                    if item is None or item.prompt is None:
+                        raise Fp8evalError("its prompt is not in this run's plan")
+                    req = request_of(f"{b['sample_id']}|anatomy", item.prompt, 1, [int(o.get("seed") or 0)])
+                    row.update(engine.teacher_force(req, b["completion"] or "", o["completion"] or ""))
+                except (Fp8evalError, ValueError, RuntimeError) as e:  # not kept: the next run retries it
+                    info["errors"] += 1
+                    info.setdefault("first_error", f"{b['sample_id']}#{b['repeat']}: {type(e).__name__}: {e}"[:300])
+                    continue
+                info["computed"] += 1
+                fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+                fh.flush()

@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from fp8eval.validate import InputError
+from fp8eval.core.errors import InputError
 
 
 @dataclass(frozen=True)
@@ -95,6 +95,54 @@ PERF_RULES = [
     Rule("perf.throughput_jitter", "real", lo=0, hi=1, hi_open=True),
     Rule("perf.vocab_size", lo=1, optional=True), Rule("perf.request_timeout_s", "real", lo=0, lo_open=True),
 ]
+
+def _unit(key: str, *, hi_open: bool = True, optional: bool = False) -> Rule:
+    """A probability-like number strictly between 0 and 1 (1 allowed when not hi_open)."""
+    return Rule(key, "real", lo=0, hi=1, lo_open=True, hi_open=hi_open, optional=optional)
+
+
+# The statistics' inputs (their meaning is fp8eval.metrics'): only ranges here.
+STATS_RULES = [
+    Rule("stats.gate", "real", lo=0, hi=100, lo_open=True), _unit("stats.alpha"), _unit("stats.power"),
+    _unit("stats.right_at", hi_open=False),  # a record is right when its score (0..1) reaches it: 0 makes all right
+    Rule("stop.round_size", lo=1), _unit("stop.alpha_cs"), _unit("stop.cap"),
+]
+POWER_RULES = [
+    Rule("power.delta", "real", lo=0, hi=100, lo_open=True, optional=True),
+    Rule("power.recovery_floor", "real", lo=0, hi=100, lo_open=True, hi_open=True, optional=True),
+    _unit("power.alpha"), _unit("power.power"), Rule("power.samples", lo=1, optional=True),
+    Rule("power.repeats", lo=1, optional=True), _unit("power.baseline_score", hi_open=False, optional=True),
+]
+PARETO_RULES = [
+    Rule("pareto.max_kl", "real", lo=0, optional=True),
+    Rule("pareto.min_recovery", "real", lo=0, hi=100, lo_open=True, optional=True),
+    Rule("pareto.survivors", lo=1), Rule("pareto.prefill_chunk", lo=1, optional=True),
+    Rule("divergence.batch", lo=1),
+]
+SENSITIVITY_RULES = [
+    Rule("sensitivity.lengths", lo=2, each=True), Rule("sensitivity.documents", lo=1),
+    Rule("sensitivity.target", "real", lo=0, hi=1, lo_open=True), Rule("sensitivity.refine", lo=0),
+    Rule("sensitivity.edges", lo=0, each=True, increasing=True), Rule("sensitivity.cache_logits_gib", "real", lo=0),
+]
+CALIBRATE_RULES = [Rule("calib.samples", lo=1), Rule("calib.seq_len", lo=1), Rule("calib.seed"),
+                   Rule("calib.threads", lo=1, optional=True)]
+# python -m fp8eval.report's options (named as typed on its command line).
+REPORT_RULES = [
+    Rule("--gate", "real", lo=0, hi=100, lo_open=True), Rule("--level", "real", lo=0, hi=1, lo_open=True, hi_open=True),
+    Rule("--unsure-margin", "real", lo=0), Rule("--sign-alpha", "real", lo=0, hi=1, lo_open=True, hi_open=True),
+    Rule("--right-at", "real", lo=0, hi=1, lo_open=True), Rule("--z", "real", lo=0, lo_open=True),
+    Rule("--n-boot", lo=1), Rule("--shift-margin", "real", lo=0),
+]
+
+
+def all_rules() -> list[Rule]:
+    """Every wing's rules, one per key (a key absent from a wing's config is skipped by `check_numbers`)."""
+    seen: dict[str, Rule] = {}
+    for rule in (*RUN_RULES, *DIVERGENCE_RULES, *PERF_RULES, *STATS_RULES, *POWER_RULES, *PARETO_RULES,
+                 *SENSITIVITY_RULES, *CALIBRATE_RULES):
+        seen.setdefault(rule.key, rule)
+    return list(seen.values())
+
 
 _MISSING = object()
 

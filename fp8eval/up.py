@@ -53,11 +53,13 @@ def up(overrides: list[str]) -> int:
 
     from fp8eval.arms import open_engines, resolve_arms
     from fp8eval.registry import register_configs
+    from fp8eval.validate import validate_config
 
     register_configs()
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         cfg = OmegaConf.to_object(compose("config", overrides=[*overrides, "engine=server"]))
     cfg = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, keep_alive=True))
+    validate_config(cfg)  # every wing's one check, before any server starts
     arms = resolve_arms(cfg, control=True)  # a control arm too, checked at the door
     with open_engines(cfg, kind="server") as door:
         info = door.prestart(arms)

@@ -12,11 +12,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from fp8eval.core.errors import Fp8evalError
+from fp8eval.core.errors import InputError
 
-
-class InputError(Fp8evalError):
-    """A configuration value or data file that cannot give a meaningful number."""
+__all__ = ["InputError", "check_task_config", "check_samples", "read_jsonl_rows", "check_audit_config",
+           "validate_config", "validate_report_options"]
 
 
 def _ints(value: Any) -> bool:
@@ -87,3 +86,57 @@ def check_audit_config(cfg: Any) -> None:
     bad = [a for a in allow if a not in AUDIT_CATEGORIES]
     if bad:
         raise InputError(f"audit.allow={allow}: unknown categories {bad}; valid: {', '.join(AUDIT_CATEGORIES)}")
+
+
+def _section(cfg: Any, key: str) -> Any:
+    node = cfg
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else getattr(node, part, None)
+        if node is None:
+            return None
+    return node
+
+
+def validate_config(cfg: Any) -> None:
+    """The one check of a composed config (typed or a plain dict), shared by every wing, before any engine starts:
+    every numeric option's type and range (NaN refused; fp8eval.bounds), every name that becomes a path, the task's
+    options, and the rules that tie keys together (lengths against model.max_model_len, stop.alpha_cs within
+    stats.alpha, pareto's own). Raises InputError, one line naming the key, the value and what is valid."""
+    from fp8eval.bounds import all_rules, check_names, check_numbers
+
+    check_numbers(cfg, all_rules())
+    check_names(cfg)
+    task = _section(cfg, "task")
+    if task is not None and hasattr(task, "repeats") and _section(cfg, "suite") is None:
+        check_task_config(task)
+    if _section(cfg, "audit") is not None:
+        check_audit_config(cfg)
+    stats_alpha, alpha_cs = _section(cfg, "stats.alpha"), _section(cfg, "stop.alpha_cs")
+    if stats_alpha is not None and alpha_cs is not None and alpha_cs >= stats_alpha:
+        raise InputError(f"stop.alpha_cs={alpha_cs!r}: must be below stats.alpha={stats_alpha!r} (it is the part "
+                         "of stats.alpha the confidence sequence spends)")
+    _check_lengths(cfg)
+
+
+def validate_report_options(options: dict[str, Any]) -> None:
+    """python -m fp8eval.report's numeric options ({"--gate": 95.0, ...}), each in its range (InputError)."""
+    from fp8eval.bounds import REPORT_RULES, check_numbers
+
+    check_numbers(options, REPORT_RULES)
+
+
+def _check_lengths(cfg: Any) -> None:
+    """A length no passage can have under model.max_model_len refuses the run when every length is such
+    (divergence keeps a passage at most max_model_len - 1 tokens, room for the one generated token vLLM needs)."""
+    max_len = _section(cfg, "model.max_model_len")
+    if not _ints(max_len):
+        return
+    for key, limit in (("divergence.lengths", max_len - 1), ("sensitivity.lengths", max_len)):
+        lengths = _section(cfg, key)
+        if lengths is None:
+            continue
+        lengths = list(lengths)
+        if lengths and all(n > limit for n in lengths):
+            raise InputError(f"{key}={lengths}: every length is above {limit} tokens (model.max_model_len="
+                             f"{max_len}{' - 1' if limit < max_len else ''}); give a length <= {limit} or raise "
+                             "model.max_model_len")

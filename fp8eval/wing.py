@@ -12,8 +12,9 @@
 - makes SIGTERM behave like Ctrl-C (`fp8eval.core.signals`): one line, exit 130 (SIGINT) or 143 (SIGTERM),
   `finally` blocks run (records committed, engines closed);
 - runs `argv(sys.argv[1:])` first where given (checks and rewrites of the command line before Hydra sees it);
-- composes the wing's config (`conf/<config_name>.yaml`), turns it into its typed dataclass, and calls
-  `body(cfg, run_dir)`; an exception of `errors` (also one raised by a resolver while the config is made, such
+- composes the wing's config (`conf/<config_name>.yaml`), turns it into its typed dataclass, checks it with the
+  one validation pass (`fp8eval.validate.validate_config`: ranges, types, NaN, lengths against max_model_len) and
+  calls `body(cfg, run_dir)`; an exception of `errors` (also one raised by a resolver while the config is made, such
   as `${calibrated:...}` with nothing calibrated) is printed as one line `\\n<prog>: <message>` and exits 2; a
   non-zero int returned by `body` is the exit status.
 """
@@ -29,10 +30,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import InterpolationResolutionError
 
-from fp8eval.core.errors import Fp8evalError
+from fp8eval.core.errors import Fp8evalError, InputError
 from fp8eval.core.paths import CONF_DIR
 from fp8eval.core.secrets import guard_std_streams
 from fp8eval.core.signals import exit_on_sigterm, interrupt_exit_code
+from fp8eval.validate import validate_config
 
 ERROR_EXIT = 2
 INTERRUPTED = "interrupted; what was finished is kept, rerun the same command to resume"
@@ -59,13 +61,14 @@ def hydra_wing(prog: str, config_name: str, body: Callable[[Any, Path], int | No
         run_dir = Path(HydraConfig.get().runtime.output_dir)
         try:
             typed = OmegaConf.to_object(cfg)
+            validate_config(typed)  # the one validation pass over the whole config, before any engine starts
             code = body(typed, run_dir)
         except InterpolationResolutionError as e:
             cause = _cause(e, errors)
             if cause is None:
                 raise
             _fail(prog, cause)
-        except errors as e:
+        except (InputError, *errors) as e:
             _fail(prog, e)
         if code:
             sys.exit(int(code))

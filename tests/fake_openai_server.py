@@ -62,6 +62,7 @@ class FakeOpenAIServer:
         self.faults: list[str] = []  # FAULTS applied to the next generation calls, in order
         self.fault_fn = None  # (body, attempt) -> a FAULTS name or None; attempt counts calls of that body
         self.answer_fn = None  # (messages, index, seed) -> answer text; default answer_for
+        self.tokenize_fn = None  # (body) -> the JSON answer of /tokenize (a hostile server's); default the fake's
         self.fault_counts: dict[str, int] = {}
         self.attempts: dict[str, int] = {}
         self.keep_bodies = keep_bodies
@@ -189,6 +190,8 @@ class FakeOpenAIServer:
                     server.headers_seen.append((self.path, dict(self.headers.items())))
                 if self.path in server.hostile_paths:
                     return self._send_badly(server.hostile_paths[self.path], json.dumps({"count": 3}).encode())
+                if self.path == "/tokenize" and server.tokenize_fn is not None:
+                    return self._send(200, server.tokenize_fn(body))
                 if self.path == "/tokenize" and body.get("add_special_tokens") is not None and "prompt" in body:
                     ids = [token_id(t) for t in word_tokens(body["prompt"])]
                     ids = ([1] if body["add_special_tokens"] else []) + ids  # BOS id 1

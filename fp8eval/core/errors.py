@@ -3,3 +3,7 @@
 
 class Fp8evalError(RuntimeError):
     pass
+
+
+class InputError(Fp8evalError):
+    """A configuration value or data file that cannot give a meaningful number."""

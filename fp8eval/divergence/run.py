@@ -217,10 +217,9 @@ def _ratio(a, b):
 def run(cfg, run_dir: Path, out=print) -> dict:
     """Every passage through the variant, the baseline (and a control) arm on the kernel path(s) divergence.path names,
     compare, write divergence.json."""
-    from fp8eval.bounds import DIVERGENCE_RULES, check_names, check_numbers
+    from fp8eval.validate import validate_config
 
-    check_numbers(cfg, DIVERGENCE_RULES)  # before any engine is opened
-    check_names(cfg, ("model.name", "kv.name"))
+    validate_config(cfg)  # before any engine is opened (pareto and sensitivity call run() too)
     P.paths_of(str(cfg.divergence.path))  # an unknown path fails here, before any engine is opened
     with open_engines(cfg) as door:  # the reference engine's model stays loaded for the measures
         return _run(cfg, run_dir, door, out)

@@ -61,10 +61,27 @@ def arm_urls(cfg: RunConfig, kv: ArmSpec) -> list[str]:
     if isinstance(value, str):
         return [value]
     urls = [str(u) for u in value]
-    if len(set(urls)) != len(urls):
-        dup = sorted(u for u, c in Counter(urls).items() if c > 1)
-        raise EngineError(f"engine.base_urls.{kv.name} lists {dup} more than once; a replica counts once.")
+    keys = [replica_key(u) for u in urls]
+    if len(set(keys)) != len(keys):
+        dup = sorted(redact(u) for u, k in zip(urls, keys) if Counter(keys)[k] > 1)
+        raise EngineError(f"engine.base_urls.{kv.name} lists one server more than once ({', '.join(dup)}); a "
+                          "replica counts once.")
     return urls
+
+
+def replica_key(url: str) -> str:
+    """The server a URL names: scheme and host without case, the default port made explicit, the path without
+    its trailing `/` or `/v1` (`http://h:8000`, `http://h:8000/` and `HTTP://H:8000/v1/` are one replica)."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(str(url).strip())
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower())
+    except ValueError:
+        port = None
+    path = parts.path.rstrip("/")
+    path = path[:-len("/v1")] if path.endswith("/v1") else path
+    return f"{parts.scheme.lower()}://{parts.username or ''}@{(parts.hostname or '').lower()}:{port}{path.rstrip('/')}"
 
 
 def one_url_cfg(cfg: RunConfig, kv: ArmSpec, url: str):

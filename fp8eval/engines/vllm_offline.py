@@ -97,6 +97,7 @@ class VLLMOfflineEngine(EngineBase):
                     "(recorded in the arm's fingerprint)."
                 )
             self.preflight["kv_mismatch_trusted"] = problems
+            kvcheck.warn_trusted(self.kv.name, "vLLM", problems)
         self.knob_audit = knob_live.audit_started(self, reply.get("knob_readback"))
 
     @classmethod

@@ -31,8 +31,10 @@ def start(overrides: list[str], strict: bool) -> dict:
     from fp8eval.config import KVConfig
     from fp8eval.engines.base import Request
     from fp8eval.knobaudit.check import compose
+    from fp8eval.validate import validate_config
 
     cfg = compose(overrides if strict else overrides + ["audit.allow=[dtype,scales,backend,skip]"])
+    validate_config(cfg)  # every wing's one check, before the engine starts
     kv = cfg.kv if isinstance(cfg.kv, KVConfig) else cfg.kv
     out: dict = {"model": cfg.model.name, "kv": kv.name, "overrides": overrides, "started": False}
     t0 = time.monotonic()
@@ -92,12 +94,20 @@ def main(argv: list[str] | None = None) -> int:
         argv = argv[:1] + key_value_flags(argv[1:], s if argv[0] == "start" else c, prefixes=("knobaudit",))
     a = p.parse_args(argv)
     if a.cmd == "start":
-        result = start(a.overrides, a.strict)
+        from fp8eval.core.errors import InputError
+
+        try:
+            result = start(a.overrides, a.strict)
+        except InputError as e:
+            print(f"fp8eval.knobaudit: {e}", file=sys.stderr)
+            return 2
         ok = result.get("started") and "error" not in result
     else:
         result = corpus(a.dir, a.engine, a.overrides)
         ok = result["all_caught"]
-    text = json.dumps(result, indent=1, default=str)
+    from fp8eval.core.secrets import redact_obj
+
+    text = json.dumps(redact_obj(result), indent=1, default=str)  # the overrides may carry a URL's password
     if a.out:
         a.out.parent.mkdir(parents=True, exist_ok=True)
         a.out.write_text(text + "\n")
@@ -106,4 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from fp8eval.core.secrets import guard_std_streams
+
+    guard_std_streams()  # every line printed is redacted (fp8eval.core.secrets)
     sys.exit(main())

@@ -40,13 +40,20 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-def run_wing(cfg: ParetoRunConfig, run_dir: Path) -> None:
+def run_wing(cfg: ParetoRunConfig, run_dir: Path) -> int | None:
     """Run the sweep, print the table and the run directory (an fp8eval error or a ValueError: one line, exit 2)."""
     from fp8eval.pareto.sweep import run
 
     result = run(cfg, run_dir, out=lambda s: print(s, file=sys.stderr))
     print(format_table(result))
     print(run_dir)
+    counts = result.get("counts") or {}
+    if not counts.get("measured"):  # every point failed or was infeasible: no frontier, say so in the exit status
+        print(f"\nfp8eval.pareto: no point was measured ({counts.get('errors', 0)} failed, "
+              f"{counts.get('infeasible', 0)} infeasible of {counts.get('planned', 0)}; pareto.json lists why)",
+              file=sys.stderr)
+        return 2
+    return None
 
 
 main = hydra_wing("fp8eval.pareto", "pareto", run_wing, errors=(Fp8evalError, ValueError))

@@ -27,6 +27,7 @@ from fp8eval.pareto import frontier as F
 from fp8eval.pareto import steps
 from fp8eval.pareto.config import validate
 from fp8eval.pareto.measure import Probe
+from fp8eval.validate import validate_config
 
 SCHEMA = 1
 
@@ -97,6 +98,7 @@ def run(cfg, run_dir: Path, out=print) -> dict:
     """The whole sweep; returns and writes pareto.json."""
     t0 = time.perf_counter()
     p = cfg.pareto
+    validate_config(cfg)  # every wing's one check, before any engine starts
     problems = validate(p)
     if problems:
         raise ValueError("; ".join(problems))

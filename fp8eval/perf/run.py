@@ -124,10 +124,9 @@ def client_overhead(m: Measurer, p, tokenizer: str | None, log: Callable[[str], 
 
 def run(cfg, run_dir: Path, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Measure every arm, write perf.json (+ plots) into run_dir and return it."""
-    from fp8eval.bounds import PERF_RULES, check_names, check_numbers
+    from fp8eval.validate import validate_config
 
-    check_numbers(cfg, PERF_RULES)
-    check_names(cfg, ("model.name", "kv.name"))
+    validate_config(cfg)  # before any engine or server starts
     p = cfg.perf
     acfg = perf_cfg(cfg, p.dummy_weights)
     # The one door: arms composed like the runner's (a BF16 control arm included); perf.arms lists them.

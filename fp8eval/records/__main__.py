@@ -61,7 +61,7 @@ def check(path: Path) -> tuple[bool, str]:
     """(bad, report) for one arm's records file: what counts, what is ignored and the lines set aside; bad when a line
     is corrupt, not a valid record, or another arm's or task's."""
     fp, task, from_meta = arm_identity(path)
-    view = read_arm(path, fp, task, keep=False)
+    view = read_arm(path, fp, task, keep=False, notes=True)
     n = view.status_counts()
     lines = [f"{path}: {len(view.where)} records count ({n.get('ok', 0)} ok, {n.get('error', 0)} error, "
              f"{n.get('skipped', 0)} skipped) in {len(arm_files(path))} file(s)"]
@@ -70,11 +70,13 @@ def check(path: Path) -> tuple[bool, str]:
                      f"starts with {fp} (the file name)")
     if view.ignored:
         lines.append("  ignored: " + ", ".join(f"{k}={v}" for k, v in view.ignored.items()))
-    for p in view.problems[:SHOW]:
+    # every line that does not count, in file order: set aside, another arm's or task's, superseded
+    shown = sorted(view.problems, key=lambda p: (str(p.path) != str(path), str(p.path), p.line))[:SHOW]
+    for p in shown:
         lines.append(f"  {p}")
-    n_set_aside = sum(v for k, v in view.ignored.items() if k in ("corrupt_line", "not_a_record", "torn_tail"))
-    if n_set_aside > SHOW:
-        lines.append(f"  ... and {n_set_aside - min(SHOW, len(view.problems))} more lines set aside")
+    n_not_counted = sum(view.ignored.values())
+    if n_not_counted > len(shown):
+        lines.append(f"  ... and {n_not_counted - len(shown)} more lines that do not count")
     bad = any(view.ignored.get(k) for k in BAD)
     return bad, "\n".join(lines)
 

@@ -18,6 +18,7 @@ both win, which costs repeated work but never a number: the reader counts each (
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -27,9 +28,24 @@ import threading
 import time
 from pathlib import Path
 
+from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.procs import pid_alive
 
 HOST = socket.gethostname()
+
+
+class RecordsIOError(Fp8evalError):
+    """The records store cannot be written (disk full, read-only, a directory where a file belongs)."""
+
+
+def io_error(e: OSError, what: str, path: Path) -> RecordsIOError:
+    """One line for an OSError of the store, naming the path and what to do."""
+    name = errno.errorcode.get(e.errno or 0, "")
+    hint = {"ENOSPC": "free some space", "EDQUOT": "free some space", "EROFS": "choose a writable records_dir",
+            "EACCES": "choose a records_dir you may write", "EPERM": "choose a records_dir you may write",
+            "EISDIR": "move the directory away", "ENOTDIR": "move the file away"}.get(name, "check the path")
+    return RecordsIOError(f"cannot {what} {path}: {e.strerror or e} ({name or e.errno}); {hint}, then rerun the "
+                          "same command (every record acknowledged so far is kept)")
 
 
 def _pid_start(pid: int) -> str | None:
@@ -65,11 +81,15 @@ class Claims:
     # -- this writer ------------------------------------------------------------------------------
     def register(self) -> Claims:
         """Announce this writer (and start its heartbeat)."""
-        self.writers.mkdir(parents=True, exist_ok=True)
         me = {"host": HOST, "pid": os.getpid(), "start": _pid_start(os.getpid())}
         tmp = self.writers / f".{self.writer_id}.tmp"
-        tmp.write_text(json.dumps(me), encoding="utf-8")
-        os.replace(tmp, self._writer_file(self.writer_id))
+        try:
+            self.writers.mkdir(parents=True, exist_ok=True)
+            tmp.write_text(json.dumps(me), encoding="utf-8")
+            os.replace(tmp, self._writer_file(self.writer_id))
+        except OSError as e:  # a full disk, a read-only records_dir: one line, not a traceback
+            tmp.unlink(missing_ok=True)
+            raise io_error(e, "register this writer in", self.writers) from None
         self._thread = threading.Thread(target=self._beat, name="fp8eval-claims-heartbeat", daemon=True)
         self._thread.start()
         return self
@@ -136,10 +156,16 @@ class Claims:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
             return False
+        except OSError as e:  # a full disk, a read-only records_dir: one line, not a traceback
+            raise io_error(e, "create the claim", path) from None
         try:
-            os.write(fd, content.encode("utf-8"))
-        finally:
+            if os.write(fd, content.encode("utf-8")) != len(content.encode("utf-8")):
+                raise OSError(errno.ENOSPC, "short write")
+        except OSError as e:
             os.close(fd)
+            path.unlink(missing_ok=True)  # never an empty claim left behind
+            raise io_error(e, "write the claim", path) from None
+        os.close(fd)
         return True
 
     @staticmethod

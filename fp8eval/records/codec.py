@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import json.scanner
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +77,50 @@ def _fast(text):
     except ValueError:
         return None
     return obj if type(obj) is dict and _plain(obj) else None
+
+
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def escape_unencodable(obj):
+    """`obj` (a JSON-like tree) with every character UTF-8 cannot carry (a lone surrogate, valid in JSON text as
+    `"\\ud800"`, invalid in UTF-8) replaced by U+FFFD, and how many were replaced."""
+    if isinstance(obj, str):
+        return _SURROGATE.subn("\ufffd", obj)
+    if isinstance(obj, dict):
+        out, n = {}, 0
+        for k, v in obj.items():
+            (k, a), (v, b) = escape_unencodable(k), escape_unencodable(v)
+            out[k], n = v, n + a + b
+        return out, n
+    if isinstance(obj, (list, tuple)):
+        items = [escape_unencodable(v) for v in obj]
+        return [v for v, _ in items], sum(n for _, n in items)
+    return obj, 0
+
+
+def encode_line(record: dict) -> tuple[bytes, dict, int]:
+    """A record's line (canonical JSON, UTF-8, newline); characters UTF-8 cannot carry are replaced by U+FFFD
+    and counted in the record's `escaped_chars`. Returns (line, the record written, characters replaced)."""
+    text = canonical_json(record)
+    try:
+        return (text + "\n").encode("utf-8"), record, 0
+    except UnicodeEncodeError:
+        clean, n = escape_unencodable(record)
+        clean["escaped_chars"] = int(record.get("escaped_chars") or 0) + n
+        return (canonical_json(clean) + "\n").encode("utf-8"), clean, n
+
+
+def _carried(obj):
+    """A parsed line with every lone surrogate replaced by U+FFFD and counted in its `escaped_chars` (a line
+    written by hand or by another tool: ours never holds one), so nothing downstream fails to encode it."""
+    if type(obj) is not dict:
+        return obj
+    clean, n = escape_unencodable(obj)
+    if not n:
+        return obj
+    clean["escaped_chars"] = int(obj.get("escaped_chars") or 0) + n if type(obj.get("escaped_chars", 0)) is int else n
+    return clean
 
 
 @dataclass
@@ -186,7 +231,7 @@ class FileScan:
                     obj, end = _scan_once(text, 0)
                     if end != len(text):
                         obj = None
-                except (UnicodeDecodeError, ValueError, StopIteration):
+                except (UnicodeDecodeError, ValueError, StopIteration, RecursionError):
                     obj = None
         if obj is None:
             text = raw.strip(_WS if type(raw) is str else _WS_BYTES)  # ASCII whitespace, as bytes.strip()
@@ -197,7 +242,15 @@ class FileScan:
             except (UnicodeDecodeError, ValueError) as e:
                 self._problem(line, "corrupt_line", f"not JSON ({e})")
                 return
-        why = record_problem(obj, self.score_range)
+            except RecursionError:  # json's decoder recurses once per level: a hostile line cannot stop a reader
+                self._problem(line, "corrupt_line", "not JSON (nested too deeply to read)")
+                return
+        if (b"\\ud" in raw or b"\\uD" in raw) if type(raw) is bytes else ("\\ud" in raw or "\\uD" in raw):
+            obj = _carried(obj)  # a lone surrogate escaped in the line: U+FFFD, counted in the record
+        try:
+            why = record_problem(obj, self.score_range)
+        except RecursionError:
+            why = "nested too deeply to read"
         if why:
             self._problem(line, "not_a_record", why)
             return

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from fp8eval.metrics.select import DONE_STATUSES
-from fp8eval.records.codec import DEFAULT_SCORE_RANGE, FileScan, LineProblem
+from fp8eval.records.codec import DEFAULT_SCORE_RANGE, MAX_PROBLEMS, FileScan, LineProblem
 from fp8eval.records.index import IndexedRecord
 
 __all__ = ["DONE_STATUSES", "ArmRecords", "Selection", "arm_files", "arm_score_range", "read_arm", "read_records",
@@ -112,9 +112,12 @@ class Selection:
     report leaves out the completion texts)."""
 
     def __init__(self, fingerprint: str | None, task: str | None,
-                 expected: Mapping[Key, str | None] | None = None, keep: bool = True, drop: tuple = ()):
+                 expected: Mapping[Key, str | None] | None = None, keep: bool = True, drop: tuple = (),
+                 notes: bool = False):
         self.fingerprint, self.task, self.expected, self.keep, self.drop = fingerprint, task, expected, keep, drop
         self.ignored: Counter[str] = Counter()
+        # notes=True (records check): each line that does not count, with its file:line (the first MAX_PROBLEMS)
+        self.notes: list[LineProblem] | None = [] if notes else None
         self.n_candidates = 0
         self.done: dict[Key, tuple] = {}
         self.err: dict[Key, tuple] = {}
@@ -123,19 +126,15 @@ class Selection:
     def add(self, rank: tuple[int, str], path: Path, line: int, rec: dict, pos: int = 0, length: int = 0) -> None:
         """One valid record line of file `path` (ranked by _file_rank)."""
         if self.fingerprint is not None and not _matches(self.fingerprint, rec["arm"]):
-            self.ignored["other_arm"] += 1
-            return
+            return self._ignore("other_arm", path, line, f"arm {rec['arm'][:20]}, not {self.fingerprint[:20]}")
         if self.task is not None and rec["task"] != self.task:
-            self.ignored["other_task"] += 1
-            return
+            return self._ignore("other_task", path, line, f"task {rec['task']!r}, not {self.task!r}")
         key = (str(rec["sample_id"]), int(rec["repeat"]))
         if self.expected is not None:
             if key not in self.expected:
-                self.ignored["outside_selection"] += 1
-                return
+                return self._ignore("outside_selection", path, line, f"{key} is not planned")
             if rec.get("prompt_hash") != self.expected[key]:
-                self.ignored["stale_prompt"] += 1
-                return
+                return self._ignore("stale_prompt", path, line, f"{key} was asked with another prompt")
         self.n_candidates += 1
         # The one rule of fp8eval.metrics.select, in file order (time, then file, then line): the last
         # done record wins, an error only while there is no done one.
@@ -144,15 +143,29 @@ class Selection:
             slot, other = self.done, self.err
         else:
             if key in self.done:
-                return
+                return self._note("superseded", path, line, f"{key}: an error after its done record")
             slot, other = self.err, None
         cur = slot.get(key)
+        if self.notes is not None and cur is not None:  # one of the two lines loses
+            lost = cur[1] if order > cur[0] else (path, line)
+            self._note("superseded", lost[0], lost[1], f"{key}: a later {rec['status']} record of it counts"
+                       if order > cur[0] else f"{key}: an earlier or duplicate record")
+        if self.notes is not None and other is not None and key in other:
+            self._note("superseded", other[key][1][0], other[key][1][1], f"{key}: an error before its done record")
         if cur is None or order > cur[0]:
             if self.keep and type(rec) is not IndexedRecord:  # an index's stub: its line is read in result()
                 rec = self._compact(rec)
             slot[key] = (order, (path, line, pos, length, rec["status"]), rec if self.keep else None)
         if other is not None:
             other.pop(key, None)
+
+    def _note(self, reason: str, path: Path, line: int, detail: str) -> None:
+        if self.notes is not None and len(self.notes) < MAX_PROBLEMS:
+            self.notes.append(LineProblem(path, line, reason, detail))
+
+    def _ignore(self, reason: str, path: Path, line: int, detail: str) -> None:
+        self.ignored[reason] += 1
+        self._note(reason, path, line, detail)
 
     def _compact(self, rec: dict) -> dict:
         """A kept record without the `drop` fields, its values that repeat across records (arm, task, status,
@@ -180,7 +193,7 @@ class Selection:
                     if type(rec) is IndexedRecord:
                         slot[key] = (order, where, self._compact(rec.scan.load(rec, where)))
         ignored = Counter(self.ignored)
-        problems: list[LineProblem] = []
+        problems: list[LineProblem] = list(self.notes or [])
         for scan in scans:
             problems.extend(scan.problems)
             if scan.torn is not None:
@@ -223,14 +236,14 @@ def select_arm(scans: Iterable[FileScan], fingerprint: str | None, task: str | N
 
 def read_arm(path: Path, fingerprint: str | None, task: str | None,
              expected: Mapping[Key, str | None] | None = None, *, keep: bool = True,
-             score_range: Any = "arm", drop: tuple = ()) -> ArmRecords:
+             score_range: Any = "arm", drop: tuple = (), notes: bool = False) -> ArmRecords:
     """An arm's valid records from its primary file `path` and its writer segments (see Selection);
     scores are checked against `score_range` ("arm": the one in the arm's .arm.json); `drop`: fields left out."""
     base = Path(path)
     rng = arm_score_range(base) if score_range == "arm" else score_range
     while True:
         scans = [FileScan(p, rng) for p in arm_files(base)]
-        sel = Selection(fingerprint, task, expected, keep, drop)
+        sel = Selection(fingerprint, task, expected, keep, drop, notes)
         if feed(base, scans, sel):
             return sel.result(scans)
 

@@ -41,29 +41,15 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fp8eval.core.errors import Fp8evalError
-from fp8eval.records.claims import Claims, claim_name
-from fp8eval.records.codec import DEFAULT_SCORE_RANGE, canonical_json
+from fp8eval.core.secrets import redact_obj
+from fp8eval.records.claims import Claims, RecordsIOError, claim_name, io_error  # noqa: F401 - re-exported
+from fp8eval.records.codec import DEFAULT_SCORE_RANGE, encode_line
 from fp8eval.records.index import IndexedScan, StaleIndex
 from fp8eval.records.reader import ArmRecords, Key, Selection, arm_files, feed, segment_dir
 from fp8eval.records.schema import check_record
 
 PRIMARY = "primary.writer"
 REPAIR = "arm.repair"
-
-
-class RecordsIOError(Fp8evalError):
-    """The records store cannot be written (disk full, read-only, a directory where a file belongs)."""
-
-
-def io_error(e: OSError, what: str, path: Path) -> RecordsIOError:
-    """One line for an OSError of the store, naming the path and what to do."""
-    name = errno.errorcode.get(e.errno or 0, "")
-    hint = {"ENOSPC": "free some space", "EDQUOT": "free some space", "EROFS": "choose a writable records_dir",
-            "EACCES": "choose a records_dir you may write", "EPERM": "choose a records_dir you may write",
-            "EISDIR": "move the directory away", "ENOTDIR": "move the file away"}.get(name, "check the path")
-    return RecordsIOError(f"cannot {what} {path}: {e.strerror or e} ({name or e.errno}); {hint}, then rerun the "
-                          "same command (every record acknowledged so far is kept)")
 
 
 def repair_torn_tail(path: Path) -> int:
@@ -156,7 +142,8 @@ class ArmStore:
         if isinstance(old, dict) and old.get("score_range", "absent") == meta["score_range"] and "fingerprint" in old:
             return
         tmp = self.meta_path.with_name(f".{self.meta_path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(meta, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+        # redacted (an `--api-key` in a managed server's extra_flags); the fingerprint is the unredacted material's
+        tmp.write_text(json.dumps(redact_obj(meta), indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
         os.replace(tmp, self.meta_path)
 
     def _open(self) -> None:
@@ -301,9 +288,16 @@ class ArmStore:
         the group commit whose fsync covers them (see `commit`)."""
         if not records:
             return
+        lines = []
         for r in records:
             check_record(r, self.score_range)
-        data = "".join(canonical_json(r) + "\n" for r in records).encode("utf-8")
+            line, written, escaped = encode_line(r)
+            if escaped:  # a completion holding a lone surrogate: written with U+FFFD, counted (record and run)
+                r.clear()
+                r.update(written)
+                self.io["escaped_chars"] = self.io.get("escaped_chars", 0) + escaped
+            lines.append(line)
+        data = b"".join(lines)
         assert self._fd is not None, "ArmStore.open() first"
         try:
             view = memoryview(data)

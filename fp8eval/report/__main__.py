@@ -14,6 +14,7 @@ from fp8eval.core.secrets import guard_std_streams
 from fp8eval.metrics.pairing import PairingError
 from fp8eval.report import write_report
 from fp8eval.report.load import ReportInputError
+from fp8eval.validate import InputError, validate_report_options
 
 
 def parser() -> argparse.ArgumentParser:
@@ -52,7 +53,13 @@ def main(argv: list[str] | None = None) -> int:
     when the inputs cannot be paired or read."""
     p = parser()  # key=value too, as the Hydra apps take them: stats.gate=90 is --gate 90 (fp8eval.core.kvargs)
     args = p.parse_args(key_value_flags(sys.argv[1:] if argv is None else argv, p, prefixes=("report", "stats")))
-
+    try:  # every option in its range before any file is read
+        validate_report_options({"--gate": args.gate, "--level": args.level, "--unsure-margin": args.unsure_margin,
+                                 "--sign-alpha": args.sign_alpha, "--right-at": args.right_at, "--z": args.z,
+                                 "--n-boot": args.n_boot, "--shift-margin": args.shift_margin})
+    except InputError as e:
+        print(f"fp8eval.report: {e}", file=sys.stderr)
+        return 2
     try:
         out = write_report(args.paths, args.out, n_boot=args.n_boot, level=args.level, seed=args.seed,
                            strict=not args.skip_mismatched, gate=args.gate, unsure_margin=args.unsure_margin,

@@ -15,6 +15,7 @@ import fp8eval.report.noise as noise
 import fp8eval.report.render as render
 import fp8eval.report.verdicts as verdicts
 import fp8eval.report.worth as worth
+from fp8eval.core.csvio import write_csv
 from fp8eval.report.load import load_runs
 
 
@@ -59,14 +60,14 @@ def build_report(paths: list[Path], out: Path, *, n_boot: int, level: float, see
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     figs = figures.all_figures(arm_stats, pairs, headline, th.gate, out / "figures")
-    table.drop(columns=["why"]).round(6).to_csv(out / "recovery.csv", index=False)
-    flips.round(6).to_csv(out / "flips.csv", index=False)
+    write_csv(table.drop(columns=["why"]).round(6), out / "recovery.csv")  # text cells never run as formulas
+    write_csv(flips.round(6), out / "flips.csv")
     if len(noise_floor):
-        noise_floor.round(6).to_csv(out / "noise_floor.csv", index=False)
-    arm_stats.round(6).to_csv(out / "arms.csv", index=False)
+        write_csv(noise_floor.round(6), out / "noise_floor.csv")
+    write_csv(arm_stats.round(6), out / "arms.csv")
     by_backend = backends.backend_table(runs)
     if len(by_backend):
-        by_backend.round(6).to_csv(out / "backends.csv", index=False)
+        write_csv(by_backend.round(6), out / "backends.csv")
     data = render.ReportData(table, headline, arm_stats, sign_tests, flips, decisions, figs, th, level,
                              n_boot, [r.run_dir for r in runs], notes, refused, by_backend, noise_floor)
     worth_entries = worth.write(paths, table, th.gate, out)  # perf.json beside recovery, when present

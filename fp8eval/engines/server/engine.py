@@ -155,7 +155,11 @@ class ServerEngine(ManagedServerMixin, PreflightMixin, EngineBase):
                         "needs them. Use a vLLM server.")
             return f"/tokenize refused request {request.id}: HTTP {status} {text}"
 
-        return int(self.post_json("/tokenize", body, refused)["count"])
+        count = self.post_json("/tokenize", body, refused).get("count")
+        if type(count) is not int or count < 0:  # "many", null, 1.5, -1: not a token count
+            raise EngineError(f"/tokenize answered count={count!r} for request {request.id}: not a token count "
+                              f"(the server at {redact(self.root)} is not a vLLM server, or a broken one)")
+        return count
 
     def post_json(self, path: str, body: dict, refused: Callable[[int, str], str]) -> dict:
         """POST `body` to the server's `path` and return the JSON answer: a 5xx, a connection error, a missed

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from fp8eval.engines import forcing
-from fp8eval.engines.base import Request
+from fp8eval.engines.base import EngineError, Request
 
 TOP_K = 20  # vLLM's default max_logprobs: the largest K every server accepts
 
@@ -38,6 +38,9 @@ def teacher_force(engine, req: Request, forced_text: str, other_text: str) -> di
         return [int(t) for t in r["tokens"]]
 
     forced, other = ids(forced_text), ids(other_text)
+    if forced == other and forced_text != other_text:  # else every flip would read as "never part" (<end>)
+        raise EngineError(f"the server's /tokenize gave the same {len(forced)} token ids for two different "
+                          "completions: it does not tokenize its input, so no flip can be dissected")
     todo, p = forcing.forced_ids(forced, other, None)
     names: dict[int, str] = {}
     row = None

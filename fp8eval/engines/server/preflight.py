@@ -122,6 +122,7 @@ class PreflightMixin:
                     "matching kv option, or set `engine.trust_declared_kv=true` to run on the "
                     "declared config (recorded in the arm's fingerprint).")
             pre["kv_mismatch_trusted"] = problems
+            kvcheck.warn_trusted(self.kv.name, f"the server at {redact(self.root)}", problems)
         self.preflight = pre
         self._supports_token_ids = pre["server_version"] is not None  # vLLM: return_token_ids
 

@@ -6,6 +6,7 @@ import functools
 import json
 import re
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,14 @@ def kv_mismatches(requested: dict[str, Any], effective: dict[str, Any]) -> list[
         problems.append(f"backend: kv_cache_dtype={want} runs every layer on {only}, the engine also reports "
                         f"{', '.join(others)}")
     return problems
+
+
+def warn_trusted(arm: str, where: str, problems: list[str]) -> None:
+    """One line on the terminal when `engine.trust_declared_kv=true` runs an arm on a cache it did not ask for
+    (summary.json keeps the problems as `kv_mismatch_trusted`; the terminal must not stay silent)."""
+    print(f"warning: kv={arm}: {where} does not run the KV cache this arm asks for ({'; '.join(problems)}); "
+          "engine.trust_declared_kv=true runs it anyway, so its records are not that arm's format",
+          file=sys.stderr, flush=True)
 
 
 def format_backend(requested: dict[str, Any]) -> str | None:
