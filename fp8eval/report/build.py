@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -50,6 +51,7 @@ def build_report(paths: list[Path], out: Path, *, n_boot: int, level: float, see
     flips = flips.sort_values(["model", "task", "variant", "direction", "sample_id", "repeat"],
                               kind="stable").reset_index(drop=True)
     flips = noise.attach_anatomy(flips, pairs)  # where each flip's completions part (fp8eval.anatomy)
+    flips = analysis.attach_completions(flips)
     noise_floor = noise.noise_table(runs, th.right_at, level)
     controls = noise.control_labels(runs)  # a control arm is a noise floor, not a variant to decide on
     decisions = verdicts.decisions(headline[~headline["variant"].isin(controls)], sign_tests)
@@ -57,7 +59,11 @@ def build_report(paths: list[Path], out: Path, *, n_boot: int, level: float, see
 
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    figs = figures.all_figures(arm_stats, pairs, headline, th.gate, out / "figures")
+    # Paths relative to the report, so a copied or moved report (with its runs) points at nothing of this machine.
+    arm_stats["records"] = arm_stats["records"].map(lambda p: relative(p, out)) if len(arm_stats) else []
+    for col in ("baseline_record", "variant_record"):
+        flips[col] = flips[col].map(lambda ref: _relative_ref(ref, out))
+    figs = figures.all_figures(arm_stats, pairs, table, headline, th.gate, level, out / "figures")
     table.drop(columns=["why"]).round(6).to_csv(out / "recovery.csv", index=False)
     flips.round(6).to_csv(out / "flips.csv", index=False)
     if len(noise_floor):
@@ -65,9 +71,11 @@ def build_report(paths: list[Path], out: Path, *, n_boot: int, level: float, see
     arm_stats.round(6).to_csv(out / "arms.csv", index=False)
     by_backend = backends.backend_table(runs)
     if len(by_backend):
+        by_backend["run_dir"] = by_backend["run_dir"].map(lambda p: relative(p, out))
         by_backend.round(6).to_csv(out / "backends.csv", index=False)
+    inputs = [Path(relative(r.run_dir, out)) for r in runs]
     data = render.ReportData(table, headline, arm_stats, sign_tests, flips, decisions, figs, th, level,
-                             n_boot, [r.run_dir for r in runs], notes, refused, by_backend, noise_floor)
+                             n_boot, inputs, notes, refused, by_backend, noise_floor)
     worth_entries = worth.write(paths, table, th.gate, out)  # perf.json beside recovery, when present
     (out / "report.md").write_text(render.render_markdown(data, out) + worth.markdown(worth_entries),
                                    encoding="utf-8")
@@ -82,6 +90,20 @@ def build_report(paths: list[Path], out: Path, *, n_boot: int, level: float, see
         "refused": refused, "notes": notes,
     }), indent=2, default=str) + "\n", encoding="utf-8")
     return out
+
+
+def relative(path, out: Path) -> str:
+    """`path` relative to the report directory `out`, with forward slashes (what report.md, index.html and the
+    CSVs show)."""
+    return Path(os.path.relpath(Path(path).resolve(), out)).as_posix()
+
+
+def _relative_ref(ref, out: Path):
+    """A `file:line` record reference with its file relative to `out`."""
+    if not isinstance(ref, str) or ":" not in ref:
+        return ref
+    path, _, line = ref.rpartition(":")
+    return f"{relative(path, out)}:{line}"
 
 
 def _store_wider_than_run(runs) -> list[str]:
