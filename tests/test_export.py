@@ -112,7 +112,8 @@ def test_wandb_offline(tmp_path, monkeypatch):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("mlflow") is None, reason="mlflow not installed (pip install 'fp8eval[mlflow]')")
-def test_mlflow_file_store(tmp_path):
+def test_mlflow_file_store(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")  # MLflow 3.x keeps its file store behind this switch
     uri = (tmp_path / "mlruns").as_uri()
     _, lines = _run_with(tmp_path, [f"export.mlflow={uri}"])
     assert any(line.startswith("MLflow: logged") for line in lines), lines

@@ -21,6 +21,7 @@ from fp8eval.config import (
     emulation_in_effect,
 )
 from fp8eval.core.hub import known_offline_reason
+from fp8eval.core.progress import quiet_third_party, stage
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
 from fp8eval.engines.prompting import check_template_kwargs, plain_prompt_text
 from fp8eval.engines.spec import ArmSpec
@@ -148,6 +149,7 @@ class ReferenceEngine:
             if key not in self._shared:
                 from fp8eval.engines.hf_light import import_transformers
 
+                quiet_third_party()  # no nested bars in logs, no tokenizer noise (fp8eval.core.progress)
                 import_transformers()  # without scikit-learn: ~1.5 s less start-up
                 from transformers import AutoTokenizer
 
@@ -201,13 +203,16 @@ class ReferenceEngine:
             from transformers import AutoModelForCausalLM
 
             name = kvcache.register(lambda module: self._shared["active_policy"])
-            try:
-                model = AutoModelForCausalLM.from_pretrained(
-                    self._model_dir(), revision=self.cfg.model.revision,
-                    dtype=getattr(torch, self._compute_dtype_name()), attn_implementation=name)
-            except (OSError, ValueError) as e:
-                raise EngineError(self._unavailable(e)) from e
-            model.to(self._device_name()).eval()
+            quiet_third_party()
+            with stage(f"loading {self.cfg.model.name} on {self._device_name()} (reference engine)",
+                       bool(getattr(self.cfg, "progress", True))):
+                try:
+                    model = AutoModelForCausalLM.from_pretrained(
+                        self._model_dir(), revision=self.cfg.model.revision,
+                        dtype=getattr(torch, self._compute_dtype_name()), attn_implementation=name)
+                except (OSError, ValueError) as e:
+                    raise EngineError(self._unavailable(e)) from e
+                model.to(self._device_name()).eval()
             self._shared[key] = model
         self._model = self._shared[key]
         scales = self._scales

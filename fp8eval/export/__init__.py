@@ -78,7 +78,7 @@ def write_all(cfg, run_dir: Path, summary: dict, records: dict[str, list[dict]],
         for which, target, log in (("W&B", ex.wandb, lambda: trackers.log_wandb(
                 ex.wandb, name, config, metrics, summary, files, run_dir)),
                                    ("MLflow", ex.mlflow, lambda: trackers.log_mlflow(
-                ex.mlflow, name, config, metrics, summary, files))):
+                ex.mlflow, name, config, metrics, summary, files, run_dir))):
             if not target:
                 continue
             try:

@@ -9,6 +9,7 @@ one line and its results stand.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 
@@ -32,8 +33,8 @@ def log_wandb(project: str, name: str, config: dict, metrics: dict[str, float], 
         run.log(metrics)
         run.summary["verdict"] = ((summary.get("verdict") or {}).get("overall") or {}).get("verdict")
         art = wandb.Artifact(f"fp8eval-{name}".replace("/", "-")[:120], type="fp8eval-run")
-        for f in files:
-            art.add_file(str(f))
+        for f in files:  # named by their path in the run dir (two arms each have a results.json)
+            art.add_file(str(f), name=f.relative_to(run_dir).as_posix())
         run.log_artifact(art)
         return str(run.dir)
     finally:
@@ -41,7 +42,7 @@ def log_wandb(project: str, name: str, config: dict, metrics: dict[str, float], 
 
 
 def log_mlflow(uri: str, name: str, config: dict, metrics: dict[str, float], summary: dict,
-               files: list[Path]) -> str:
+               files: list[Path], run_dir: Path) -> str:
     """Log to MLflow at `uri`; returns the run id."""
     import mlflow
 
@@ -49,8 +50,10 @@ def log_mlflow(uri: str, name: str, config: dict, metrics: dict[str, float], sum
     mlflow.set_experiment("fp8eval")
     with mlflow.start_run(run_name=name) as run:
         mlflow.log_params({k: str(v)[:500] for k, v in config.items()})
-        mlflow.log_metrics({k.replace(",", "_").replace("@", "_at_"): v for k, v in metrics.items()})
+        # MLflow's names: alphanumerics, _ - . space : / only ("pass@1,none" -> "pass_at_1_none", "ctx=1024" -> "ctx_1024")
+        mlflow.log_metrics({re.sub(r"[^\w\-. :/]", "_", k.replace("@", "_at_")): v for k, v in metrics.items()})
         mlflow.set_tag("verdict", str(((summary.get("verdict") or {}).get("overall") or {}).get("verdict")))
-        for f in files:
-            mlflow.log_artifact(str(f))
+        for f in files:  # under their folder in the run dir (two arms each have a results.json)
+            folder = f.parent.relative_to(run_dir).as_posix()
+            mlflow.log_artifact(str(f), artifact_path=None if folder == "." else folder)
         return run.info.run_id

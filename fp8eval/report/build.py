@@ -16,6 +16,7 @@ import fp8eval.report.noise as noise
 import fp8eval.report.render as render
 import fp8eval.report.verdicts as verdicts
 import fp8eval.report.worth as worth
+from fp8eval.core.progress import stage
 from fp8eval.report.load import load_runs
 
 
@@ -36,9 +37,11 @@ def build_report(paths: list[Path], out: Path, *, n_boot: int, level: float, see
     verdicts.json into `out`; returns `out` resolved."""
     th = verdicts.Thresholds.from_kwargs(**thresholds)
     settings = analysis.Settings(n_boot=n_boot, level=level, seed=seed, gate=th.gate, right_at=th.right_at)
-    runs, arms = load_runs(paths)
-    pairs, refused = analysis.build_pairs(runs, strict=strict)
-    table, notes = analysis.recovery_table(pairs, settings)
+    with stage("report: reading the runs' records"):
+        runs, arms = load_runs(paths)
+    with stage(f"report: pairing {len(arms)} arm(s) of {len(runs)} run(s), recovery with CIs ({n_boot} bootstrap draws)"):
+        pairs, refused = analysis.build_pairs(runs, strict=strict)
+        table, notes = analysis.recovery_table(pairs, settings)
     notes = _store_wider_than_run(runs) + notes
     table = verdicts.add_verdicts(table, th, level)
     headline = verdicts.headline_rows(table)
@@ -63,7 +66,8 @@ def build_report(paths: list[Path], out: Path, *, n_boot: int, level: float, see
     arm_stats["records"] = arm_stats["records"].map(lambda p: relative(p, out)) if len(arm_stats) else []
     for col in ("baseline_record", "variant_record"):
         flips[col] = flips[col].map(lambda ref: _relative_ref(ref, out))
-    figs = figures.all_figures(arm_stats, pairs, table, headline, th.gate, level, out / "figures")
+    with stage("report: drawing the figures"):
+        figs = figures.all_figures(arm_stats, pairs, table, headline, th.gate, level, out / "figures")
     table.drop(columns=["why"]).round(6).to_csv(out / "recovery.csv", index=False)
     flips.round(6).to_csv(out / "flips.csv", index=False)
     if len(noise_floor):
