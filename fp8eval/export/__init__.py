@@ -13,6 +13,7 @@ import dataclasses
 import json
 from pathlib import Path
 
+from fp8eval.core.secrets import redact, redact_obj
 from fp8eval.export import card as cards
 from fp8eval.export import lm_eval_results, records_table, trackers
 
@@ -52,7 +53,7 @@ def write_all(cfg, run_dir: Path, summary: dict, records: dict[str, list[dict]],
                                                getattr(cfg.task, "num_fewshot", None))
             path = run_dir / "lm_eval" / arm / "results.json"
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(json.dumps(res, indent=2, default=str) + "\n", encoding="utf-8")
+            path.write_text(json.dumps(redact_obj(res), indent=2, default=str) + "\n", encoding="utf-8")
             files.append(path)
             per_arm[arm] = lm_eval_results.flat_metrics(res)
     if ex.parquet:
@@ -68,12 +69,12 @@ def write_all(cfg, run_dir: Path, summary: dict, records: dict[str, list[dict]],
                             " (pip install pyarrow, or export.parquet=false)")
     if ex.card:
         names = [f.relative_to(run_dir).as_posix() for f in files] + ["summary.json"]
-        (run_dir / "README.md").write_text(cards.card(summary, getattr(cfg.model, "hf_id", None), names),
+        (run_dir / "README.md").write_text(redact(cards.card(summary, getattr(cfg.model, "hf_id", None), names)),
                                            encoding="utf-8")
         files.append(run_dir / "README.md")
     if ex.wandb or ex.mlflow:
         metrics = trackers.run_metrics(summary, per_arm)
-        config = _flat(cfg)
+        config = redact_obj(_flat(cfg))  # no URL credential or token reaches a tracker
         name = run_dir.name
         for which, target, log in (("W&B", ex.wandb, lambda: trackers.log_wandb(
                 ex.wandb, name, config, metrics, summary, files, run_dir)),

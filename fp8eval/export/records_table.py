@@ -65,7 +65,7 @@ def write(path: Path, table_rows: list[dict]) -> None:
     import pandas as pd
     import pyarrow  # noqa: F401  (a clear ImportError before pandas picks an engine)
 
-    frame = pd.DataFrame(table_rows)
+    frame = pd.DataFrame(table_rows)  # the records as stored (already redacted) and the task's own prompts
     tmp = path.with_suffix(".parquet.tmp")
     frame.to_parquet(tmp, index=False)
     tmp.replace(path)
