@@ -118,19 +118,42 @@ class ArmEngines:
         self.shared: dict = {}
         self._open: list[Engine] = []
         self._lock = threading.Lock()  # perf opens arms from several threads
+        # After prestart: the arms' engines run side by side and stay open until close_all; open() of an arm
+        # already open returns its engine (the anatomy after the arms), close() of one waits for close_all.
+        self.keep_open = False
+        self.prestarted: dict | None = None
+        self._by_arm: dict[str, Engine] = {}
+
+    def prestart(self, arms: list[ArmSpec]) -> dict | None:
+        """Start every arm's engine at once where the engine kind can and they all fit (vLLM on one GPU:
+        fp8eval.engines.vllm.startup); then keep them open until the door closes. What was started, or None."""
+        from fp8eval.engines import prestart
+
+        self.prestarted = prestart(self.cfg, arms, self.shared, kind=self.kind)
+        self.keep_open = self.prestarted is not None
+        return self.prestarted
 
     def open(self, arm: ArmSpec) -> Engine:
         """Build and start the arm's engine; it stays open until `close(engine)` or the end of the door."""
+        if self.keep_open and arm.name in self._by_arm:
+            return self._by_arm[arm.name]
         engine = build_engine(self.cfg, arm, self.shared, kind=self.kind)
         with self._lock:
             self._open.append(engine)
+            self._by_arm[arm.name] = engine
         return engine
 
     def close(self, engine: Engine) -> None:
-        """Close one engine (safe twice)."""
+        """Close one engine (safe twice); after prestart, only at close_all."""
+        if self.keep_open:
+            return
+        self._close(engine)
+
+    def _close(self, engine: Engine) -> None:
         with self._lock:
             if engine in self._open:
                 self._open.remove(engine)
+            self._by_arm = {k: e for k, e in self._by_arm.items() if e is not engine}
         engine.close()
 
     @contextmanager
@@ -144,15 +167,27 @@ class ArmEngines:
 
     def close_all(self) -> None:
         """Close every engine still open, the last opened first; the first error is raised after all."""
-        first: BaseException | None = None
-        while self._open:
-            engine = self._open[-1]
+        from fp8eval.engines import discard_prestarted
+
+        discard_prestarted(self.shared)  # engines started for arms the run never reached
+        errors: list[BaseException] = []
+
+        def close_one(engine: Engine) -> None:
             try:
-                self.close(engine)
+                self._close(engine)
             except BaseException as exc:  # noqa: BLE001 - close the others, then report
-                first = first or exc
-        if first is not None:
-            raise first
+                errors.append(exc)
+
+        # Side by side (after prestart) they close at once: a vLLM shutdown is seconds each.
+        closers = [threading.Thread(target=close_one, args=(e,)) for e in self._open[::-1]] if self.keep_open else []
+        for t in closers:
+            t.start()
+        for t in closers:
+            t.join()
+        while self._open:  # one after the other, the last opened first
+            close_one(self._open[-1])
+        if errors:
+            raise errors[0]
 
     def __enter__(self) -> "ArmEngines":
         return self

@@ -7,7 +7,7 @@ the list of valid keys. `engine_args` dicts are the exception on purpose: they h
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
 from omegaconf import MISSING
@@ -173,6 +173,13 @@ class EngineConfig:
     startup_timeout_s: float = 1200.0
     trust_declared_kv: bool = False
     extra_flags: list[str] = field(default_factory=list)
+    # vllm engine: torch.compile + CUDA graphs (auto: eager when max_tokens <= 2048 decode steps, where capture would
+    # cost more start-up than it saves; on | off). Becomes the engine arg enforce_eager, so it is in the fingerprint;
+    # an explicit enforce_eager or compilation_config wins (fp8eval.engines.vllm.startup).
+    cuda_graphs: str = "auto"
+    # vllm engine: start every arm's engine at once on one GPU when all fit, each with a fixed KV cache (no memory
+    # profiling), and keep them open until the run ends (the anatomy reuses them); false: one after the other.
+    parallel_start: bool = True
     # vLLM attention backend (FLASH_ATTN | FLASHINFER | TRITON_ATTN | FLASHMLA ...); null = vLLM picks.
     # Passed the way the installed vLLM expects and checked against what it ran (fp8eval.engines.attention).
     attention_backend: Optional[str] = None
@@ -330,3 +337,15 @@ class PairedCliConfig(EngineGroupsConfig):
 
     baseline: str = "bf16"
 
+
+
+def effective_sampling(cfg: RunConfig) -> dict:
+    """model defaults < task settings < user overrides (top-level sampling.*); max_tokens 256 when none says."""
+    out: dict[str, Any] = {}
+    for layer in (cfg.model.sampling, cfg.task.sampling, cfg.sampling):
+        for f in fields(SamplingConfig):
+            v = getattr(layer, f.name)
+            if v is not None:
+                out[f.name] = list(v) if f.name == "stop" else v
+    out.setdefault("max_tokens", 256)
+    return out

@@ -16,7 +16,7 @@ import fp8eval.control as controls
 import fp8eval.export as export
 import fp8eval.shard as shards
 from fp8eval.arms import ArmSpec, open_engines, resolve_arms
-from fp8eval.config import RunConfig, SamplingConfig, bf16_cache_spelling, kv_fingerprint_view
+from fp8eval.config import RunConfig, SamplingConfig, bf16_cache_spelling, effective_sampling, kv_fingerprint_view
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.jsonio import write_json
 from fp8eval.core.progress import Progress
@@ -52,18 +52,6 @@ from fp8eval.validate import check_audit_config, check_samples, check_task_confi
 
 class RunError(Fp8evalError):
     """A run cannot proceed; the message says why and what to do."""
-
-
-def effective_sampling(cfg: RunConfig) -> dict:
-    """model defaults < task settings < user overrides (top-level sampling.*)."""
-    out: dict[str, Any] = {}
-    for layer in (cfg.model.sampling, cfg.task.sampling, cfg.sampling):
-        for f in dataclasses.fields(SamplingConfig):
-            v = getattr(layer, f.name)
-            if v is not None:
-                out[f.name] = list(v) if f.name == "stop" else v
-    out.setdefault("max_tokens", 256)
-    return out
 
 
 def check_greedy_repeats(cfg: RunConfig, sampling: dict) -> None:
@@ -412,6 +400,8 @@ class Runner:
         # per-head scales without a scales file) fails before any baseline work is spent.
         check_stop(cfg.stop, len(arms) >= 2, cfg.shard)
         door = open_engines(cfg)  # the arms share what they can (the reference engine's loaded model)
+        with self.clock.engine("start"):  # every arm's engine at once where they fit (vLLM on one GPU)
+            door.prestart(self._order(arms))
         # The last arm's engine closes in the background while the summary is computed (timing reports the
         # overlap; anatomy waits for it before it opens an engine); not with stop=sequential (last pass unknown).
         last = None if cfg.stop.name == "sequential" else self._order(arms)[-1].name
@@ -457,6 +447,8 @@ class Runner:
                 summary["anatomy"] = anatomy.dissect(self, door, task, items, arms,
                                                      {a.name: summaries[a.name]["fingerprint"] for a in arms},
                                                      self.out, settle=self.clock.settle)
+        with self.clock.engine("close"):  # the engines kept open since prestart (side by side), if any
+            door.close_all()
         summary["wall_s"] = round(time.perf_counter() - t0, 2)
         summary["timing"] = self.clock.report()
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -477,12 +469,13 @@ class Runner:
             "seed": cfg.seed,
             "wall_s": None,
         }
+        if door.prestarted:  # the arms' engines started at once, each with this share of the GPU
+            summary["parallel_start"] = door.prestarted
         if getattr(cfg.model, "dummy", False):  # random weights: the scores only prove the path
             from fp8eval.models import DUMMY_NOTE
-
             summary.update({"dummy_weights": True, "accuracy_meaningful": False, "accuracy_note": DUMMY_NOTE})
-        if cfg.shard is not None:
-            summary["shard"] = cfg.shard  # this summary covers only the shard's samples
+        if cfg.shard is not None:  # this summary covers only the shard's samples
+            summary["shard"] = cfg.shard
         if len(arms) >= 2:
             summary["recovery"] = paired_recovery(self.views[arms[0].name].records,
                                                   self.views[arms[1].name].records)

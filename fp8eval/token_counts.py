@@ -187,9 +187,10 @@ def plan_task(runner, tcls, task_cfg, engine, max_model_len: int | None = None):
 def start_early_plan(runner, tcls, task_cfg, arm, kind: str | None) -> EarlyPlan | None:
     """Plan in a thread through a tokenizer-only worker while the arm's engine starts, where the engine kind
     has one (fp8eval.engines.start_early_counter); None otherwise."""
-    from fp8eval.engines import arm_config, start_early_counter
+    from fp8eval.engines import arm_config, resolve_kind, start_early_counter
 
-    if (kind or runner.cfg.engine.kind) == "vllm":
+    kind = kind or resolve_kind(runner.cfg)  # engine=auto: what it resolves to (vllm on a GPU box)
+    if kind == "vllm":
         # The arm's model made loadable first (an embedded GGUF converted once, on a fresh machine): work of the
         # engine's start-up, which it would otherwise do itself, so engine time; the worker's start is not.
         with runner.clock.engine("start"):

@@ -21,14 +21,12 @@ ENGINES: dict[str, str] = {
 def resolve_kind(cfg: RunConfig) -> str:
     """`auto`: vLLM where it can run the model (installed, a CUDA GPU, weights it can load), else the
     reference engine. So `python -m fp8eval model=qwen3-30b kv=fp8` is one command on a GPU box and on a
-    laptop, and the embedded GGUF models always take the reference engine."""
+    laptop; without vLLM on a GPU the embedded models (and local model directories) take the reference engine."""
     kind = cfg.engine.kind
     if kind != "auto":
         return kind
     import importlib.util
 
-    if cfg.model.embedded_package:
-        return "reference"
     gpu, why = False, "vLLM is not installed"
     if importlib.util.find_spec("vllm") is not None:
         try:
@@ -37,9 +35,9 @@ def resolve_kind(cfg: RunConfig) -> str:
             gpu, why = torch.cuda.is_available(), "no CUDA GPU is visible"
         except ImportError:
             why = "torch is not installed"
-    if gpu:
+    if gpu:  # the embedded models too: vLLM loads their GGUF converted to safetensors (fp8eval.models)
         return "vllm"
-    if _is_local_dir(cfg.model.hf_id):
+    if cfg.model.embedded_package or _is_local_dir(cfg.model.hf_id):
         return "reference"
     # A hub model (the 8B-1T models of conf/model/) on a machine that cannot run vLLM: the reference engine
     # would download and run it on the CPU for hours. Say so at once instead.
@@ -69,6 +67,26 @@ def build_engine(cfg: RunConfig, arm: ArmSpec, shared: dict | None = None, kind:
     module, _, cls = ENGINES[kind].partition(":")
     _say_format_notes(kind, arm)
     return getattr(importlib.import_module(module), cls)(arm_config(cfg, arm), arm, shared)
+
+
+def prestart(cfg: RunConfig, arms: list[ArmSpec], shared: dict, kind: str | None = None) -> dict | None:
+    """Start every arm's engine at once where the engine kind can and they fit (vLLM: fp8eval.engines.vllm.startup);
+    the engines built later for these arms adopt what was started. What was done (None: nothing, the arms start
+    one after the other)."""
+    kind = kind or resolve_kind(cfg)
+    if kind not in ENGINES or len(arms) < 2:
+        return None
+    module, _, cls = ENGINES[kind].partition(":")
+    start_all = getattr(getattr(importlib.import_module(module), cls), "prestart", None)  # optional
+    if start_all is None:
+        return None
+    return start_all([(arm_config(cfg, arm), arm) for arm in arms], shared)
+
+
+def discard_prestarted(shared: dict) -> None:
+    """Stop whatever `prestart` started that no engine adopted (the run ended before it reached that arm)."""
+    if shared.get("vllm_prestarted"):  # imported by name, as the engines are (ENGINES)
+        importlib.import_module("fp8eval.engines.vllm.startup").stop_prestarted(shared)
 
 
 def start_early_counter(cfg: RunConfig, arm: ArmSpec, kind: str | None = None):

@@ -129,6 +129,21 @@ def _is_sliding(module) -> bool:
     return bool(types and idx is not None and "sliding" in str(types[idx]))
 
 
+# Devices whose exact (not emulated) layers run fp8eval's own attention instead of torch's SDPA. On CPU, SDPA's kernel
+# sums in an order that follows the vector width and the thread count, which moved answers between machines; on CUDA
+# SDPA (cuDNN, flash or memory-efficient) is fast and its order does not depend on the host.
+OWN_EXACT_DEVICES = frozenset({"cpu"})
+
+
+def sdpa_operands(key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """K and V as torch's SDPA takes them on every backend: contiguous. The reserved cache hands attention a view of
+    its buffers, and V's buffer carries a column of ones (row stride head_dim + 1, for the exact path's P @ [V | 1]);
+    cuDNN's SDPA on CUDA rejects such a V (`mha_graph.execute(...).is_good()` on an H200, issue 34), so a view that
+    is not dense is copied here. A dense one is passed as it is (no copy)."""
+    return (key if key.is_contiguous() else key.contiguous(),
+            value if value.is_contiguous() else value.contiguous())
+
+
 def make_attention_function(policy_of):
     """An attention function for transformers' registry; `policy_of(module)` gives the active policy."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
@@ -137,9 +152,8 @@ def make_attention_function(policy_of):
         policy: KVPolicy = policy_of(module)
         key, value = policy.store(module, key, value, n_new=query.shape[-2])
         kernel = policy.emulates_kernel(module)
-        # On CPU every layer runs fp8eval's attention (exact when not emulating a kernel): SDPA's CPU kernel sums
-        # in an order that follows the vector width and the thread count, which moved answers between machines.
-        if kernel or query.device.type == "cpu":
+        # On CPU every layer runs fp8eval's attention (exact when not emulating a kernel): OWN_EXACT_DEVICES says why.
+        if kernel or query.device.type in OWN_EXACT_DEVICES:
             if scaling is None:
                 scaling = query.shape[-1] ** -0.5
             out = emulated_attention(query, key, value, attention_mask, scaling,
@@ -147,6 +161,7 @@ def make_attention_function(policy_of):
                                      accumulation=policy.accumulation if kernel else "exact", fmt=policy.fmt,
                                      q_scale=policy.q_scale, sliding=_is_sliding(module))
             return out, None
+        key, value = sdpa_operands(key, value)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
 

@@ -22,13 +22,13 @@ import traceback
 from typing import Any, Iterable, Iterator
 
 from fp8eval.config import RunConfig
-from fp8eval.engines import attention, vllm_scoring
+from fp8eval.engines import vllm_scoring
 from fp8eval.engines.audit import live as knob_live
 from fp8eval.engines.base import Choice, Completion, EngineError, Request
 from fp8eval.engines.spec import ArmSpec
 from fp8eval.engines.vllm import args as vargs
 from fp8eval.engines.vllm import child as vchild
-from fp8eval.engines.vllm import kvcheck, logscan, prompt_ops
+from fp8eval.engines.vllm import kvcheck, logscan, prompt_ops, startup
 from fp8eval.engines.vllm import stats as vstats
 
 WORKER_MODULE = "fp8eval.engines.vllm_offline"
@@ -43,9 +43,9 @@ class VLLMOfflineEngine:
         self.args = vargs.vllm_engine_args(cfg, arm)
         self.requested_kv = kvcheck.requested_kv(self.args)
         self.trust_declared_kv = bool(getattr(cfg.engine, "trust_declared_kv", False))
-        self.threads = getattr(cfg.engine, "threads", None)
-        self.log_dir = vargs.log_dir(cfg)
-        self.log_path = self.log_dir / f"vllm-{arm.name}-{os.getpid()}-{int(time.time())}.log"
+        self.log_path = startup.log_path(cfg, arm)
+        self.shared = shared
+        self.launch_settings: dict[str, Any] = {}  # launch-only settings (a fixed KV cache when side by side)
         self.python = vargs.vllm_python()
         self.preflight: dict[str, Any] = {}
         self.warnings: dict[str, list[str]] = {}
@@ -60,20 +60,14 @@ class VLLMOfflineEngine:
 
     def _start(self) -> None:
         kvcheck.precheck_fp8_on_cpu(self.args)
-        # engine.attention_backend: an engine arg for a vLLM that has it, else VLLM_ATTENTION_BACKEND.
-        launch_args, env = attention.for_launch(self.args, vchild.child_env(vchild.cpu_threads(self.threads, self.args)),
-                                                self.python)
-        env.update(vchild.arm_env(self.kv))  # a control arm's VLLM_BATCH_INVARIANT=1, this arm only
-        env.update({str(k): str(v) for k, v in (getattr(self.cfg.model, "env", None) or {}).items()})
-        import subprocess
-
-        self._child = vchild.ChildProcess(
-            [self.python, "-m", WORKER_MODULE, "--worker"], self.log_path, env=env,
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        )
-        spec = {"engine_args": knob_live.launch_args(launch_args), "env": vchild.arm_env(self.kv)}
+        # A worker launched already for this arm (side by side with the others: fp8eval.engines.vllm.startup) is
+        # adopted; else this arm's is launched now, sizing its own KV cache.
+        adopted = startup.take_prestarted(self.shared, self.kv, self.args)
+        if adopted is not None:
+            self._child, self.log_path, self.launch_settings = adopted
+        else:
+            self._child = startup.launch(self.cfg, self.kv, self.args, self.python, self.log_path, WORKER_MODULE)
         try:
-            self._send(spec)
             reply = self._recv(timeout_s=float(getattr(self.cfg.engine, "startup_timeout_s", 1200.0)))
         except EngineError:
             self.close()
@@ -102,6 +96,11 @@ class VLLMOfflineEngine:
                 )
             self.preflight["kv_mismatch_trusted"] = problems
         self.knob_audit = knob_live.audit_started(self, reply.get("knob_readback"))
+
+    @classmethod
+    def prestart(cls, arm_cfgs: list, shared: dict) -> dict | None:
+        """Launch every arm's worker at once when they all fit on the GPU (fp8eval.engines.vllm.startup)."""
+        return startup.prestart(arm_cfgs, shared, WORKER_MODULE)
 
     def _runs_on_cpu(self) -> bool:
         return kvcheck.runs_on_cpu(self.args)

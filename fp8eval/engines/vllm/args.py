@@ -10,6 +10,7 @@ from typing import Any
 
 from fp8eval.engines.base import EngineError
 from fp8eval.engines.spec import ArmSpec
+from fp8eval.engines.vllm.modes import graphs_args
 
 # Interpreter that runs vLLM (the offline worker and the managed server). Default: this one.
 VLLM_PYTHON_ENV = "FP8EVAL_VLLM_PYTHON"
@@ -79,6 +80,7 @@ def vllm_engine_args(cfg, arm: ArmSpec) -> dict[str, Any]:
         args["model"] = str(scales)
         args.pop("revision", None)
         args.setdefault("tokenizer", str(scales))
+    args.update(graphs_args(cfg, args))  # eager or compiled by the workload (engine.cuda_graphs)
     return {k: v for k, v in args.items() if v is not None}
 
 
