@@ -109,11 +109,11 @@ def recovery_ci_figure(table: pd.DataFrame, gate: float, level: float, out_dir: 
     axes[-1, 0].set_xlabel(f"recovery % (variant / baseline × 100) with its {lv} CI; dashed: the {gate:g}% gate")
     handles = [plt.Line2D([], [], marker=m, mfc=f, mec=e, mew=1.8, ls="none", ms=8, label=t)
                for m, f, e, t in VERDICT_STYLE.values()]
+    height = sum(heights) + 0.9
+    fig.tight_layout(rect=(0, 0, 1, 1 - 0.75 / height))  # room at the top for the title and the legend
+    fig.suptitle(f"Recovery with its {lv} CI against the {gate:g}% gate", fontweight="bold", y=1 - 0.1 / height)
     fig.legend(handles=handles, loc="upper center", ncol=4, fontsize=8.5, frameon=False,
-               bbox_to_anchor=(0.5, 1.0 + 0.25 / (sum(heights) + 0.9)))
-    fig.suptitle(f"Recovery with its {lv} CI against the {gate:g}% gate", fontweight="bold", y=1.0 + 0.6 /
-                 (sum(heights) + 0.9))
-    fig.tight_layout()
+               bbox_to_anchor=(0.5, 1 - 0.38 / height))
     cap = (f"Each row: a task (its headline: AUC for MRCR, else overall pass@1) or one of its groups. Point:"
            f" recovery %; bar: the verdict's {lv} CI (recovery.csv's ci_low–ci_high; an arrow: it runs past the"
            f" axis or is unbounded); dashed line: the {gate:g}% gate, dotted: 100%. Pass when the whole bar is"

@@ -1,5 +1,8 @@
 """report.md and the self-contained index.html.
 
+Verdict badges use the figures' colour-blind-safe colours (fp8eval.report.forest): blue pass, vermillion fail,
+grey dashed inconclusive; no red-green pair anywhere.
+
 The HTML loads nothing: figures are inlined as base64 PNG, styles and the table-sorting script are
 inline, and a Content-Security-Policy forbids any other source, so the page cannot touch the network.
 """
@@ -167,8 +170,8 @@ th{background:#f0f2f6;cursor:pointer;user-select:none;position:sticky;top:0}
 th[aria-sort=ascending]::after{content:" ▲"} th[aria-sort=descending]::after{content:" ▼"}
 .scroll{max-height:520px;overflow:auto}.full{overflow-x:auto}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-weight:600;font-size:12px}
-.pass,.keep{background:#d7f2dd;color:#14622b}.fail,.stay{background:#fbdcdc;color:#8a1c1c}
-.inconclusive,.undecided,.na{background:#fdf0cf;color:#7a5500}.calibrate{background:#e2e6fb;color:#2b3a8f}
+.pass,.keep{background:#d4e6f5;color:#08467a}.fail,.stay{background:#f8d6bf;color:#8a3300}
+.inconclusive,.undecided,.na{background:#ececec;color:#333;border:1px dashed #8a8a8a}.calibrate{background:#fdf0cf;color:#6b4a00}
 .decision{margin:6px 0}
 figure{margin:10px 0 22px}figure img{max-width:100%;height:auto;border:1px solid #eceef2}
 figcaption{color:#555;font-size:12.5px;margin-top:4px}
@@ -218,7 +221,7 @@ def _cell(value, kind: str = "text") -> str:
 # underscores as spaces.
 HEADERS = {
     "baseline_score": "baseline score", "variant_score": "variant score", "recovery_pct": "recovery",
-    "ci_low": "CI low", "ci_high": "CI high", "ci_method": "CI method", "n": "pairs", "n_samples": "samples",
+    "ci_low": "CI low", "ci_high": "CI high", "ci": "CI", "ci_method": "CI method", "n": "pairs", "n_samples": "samples",
     "n_repeats": "repeats", "mde_pts": "MDE (points)", "baseline_cutoff_rate": "baseline cut off",
     "variant_cutoff_rate": "variant cut off", "n_excluded": "excluded", "more_samples": "more samples to decide",
     "more_repeats": "more repeats to decide", "attention_backend": "attention backend", "run_dir": "run",
@@ -253,7 +256,8 @@ def _img(fig: Figure) -> str:
 def _why_list(headline: pd.DataFrame) -> str:
     """Each headline verdict's reason as a wrapped paragraph under the table (in a column it was clipped)."""
     items = "".join(f'<li><b>{html.escape(f"{r.model} · {r.task} · {r.variant}")}</b>: {_cell(r.verdict, "verdict")[4:-5]}'
-                    f" {html.escape(str(r.why))}.</li>" for r in headline.itertuples())
+                    f" {html.escape(str(r.why))} <span class=\"note\">(CI: {html.escape(str(r.ci_method))})</span>.</li>"
+                    for r in headline.itertuples())
     return f'<h3>Why</h3><ul class="why">{items}</ul>' if items else ""
 
 
@@ -270,12 +274,14 @@ def render_html(d: ReportData) -> str:
         f'<b>{html.escape(x["model"])} · {html.escape(x["variant"])} vs {html.escape(x["baseline"])}</b>: '
         f'{html.escape(x["text"])}</p>' for x in d.decisions) or "<p>No baseline/variant pair found.</p>"
     parts.append(f"<section><h2>Decision</h2>{dec}</section>")
-    head = d.headline.assign(metric=d.headline.apply(lambda r: r["group"] if r["metric"] == "auc" else "pass@1", axis=1))
+    head = d.headline.assign(metric=d.headline.apply(lambda r: r["group"] if r["metric"] == "auc" else "pass@1", axis=1),
+                             ci=[_ci(r) + ("%" if math.isfinite(r.ci_low) else "") for r in d.headline.itertuples()])
+    # As narrow as the page: the CI in one column, its method and the reason in the list under the table.
     parts.append("<section><h2>Headline recovery</h2>" + _table(head, {
         "model": "text", "task": "text", "baseline": "text", "variant": "text", "metric": "text",
-        "baseline_score": "num", "variant_score": "num", "recovery_pct": "pct", "ci_low": "pct",
-        "ci_high": "pct", "ci_method": "wrap", "n": "num", "lost": "num", "gained": "num", "mde_pts": "num",
-        "verdict": "verdict"}, "headline", scroll=False) + _why_list(d.headline) + "</section>")
+        "baseline_score": "num", "variant_score": "num", "recovery_pct": "pct", "ci": "text", "n": "num",
+        "lost": "num", "gained": "num", "mde_pts": "num", "verdict": "verdict"}, "headline", scroll=False)
+        + _why_list(d.headline) + "</section>")
     if d.backends is not None and len(d.backends):
         parts.append("<section><h2>Recovery by attention backend</h2>" + _table(d.backends, {
             "model": "text", "task": "text", "baseline": "text", "variant": "text", "attention_backend": "text",
