@@ -55,3 +55,28 @@ def test_report_building_moves(tmp_path, capsys):
     for what in ("report: reading the runs' records", "report: pairing", "report: drawing the figures"):
         assert f"fp8eval: {what}" in err, err
     assert "\x1b[A" not in err
+
+
+def test_the_bar_moves_before_the_first_sample_ends(monkeypatch):
+    import sys
+    import time
+
+    from fp8eval.core.progress import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    screen = Tty()
+    monkeypatch.setattr(sys, "stderr", screen)
+    bar = Progress(9, "niah kv=fp8", True, tick=0.05)
+    time.sleep(0.5)
+    drawn = screen.getvalue().count("0/9")
+    bar.close()
+    assert drawn >= 3, screen.getvalue()  # redrawn while nothing finished: its clock is not frozen
+    log = io.StringIO()  # a log file: no redraws (each would be one more line)
+    monkeypatch.setattr(sys, "stderr", log)
+    bar = Progress(9, "niah kv=fp8", True, tick=0.05)
+    time.sleep(0.3)
+    bar.close()
+    assert log.getvalue().count("0/9") <= 2, log.getvalue()

@@ -1,6 +1,7 @@
 """Progress on stderr: a bar for counted work, a stage line for the rest, and third-party noise kept out.
 
-- `Progress`: a tqdm bar that is a no-op when disabled or when there is nothing to count.
+- `Progress`: a tqdm bar that is a no-op when disabled or when there is nothing to count; in a terminal its clock
+  moves even before the first sample ends.
 - `stage(text, enabled)`: a `with` block that prints `fp8eval: <text> ...` when it starts and `... done in N s`
   when it ends, for work that has no count (a model load, lm-eval's task index, the report): the output moves
   while nothing can be counted. Printed through tqdm, so a bar on screen is not torn.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+import threading
 import time
 from contextlib import contextmanager
 
@@ -21,12 +23,20 @@ from tqdm import tqdm
 
 
 class Progress:
-    """tqdm on stderr, or nothing (`enabled` false or `total` 0)."""
+    """tqdm on stderr, or nothing (`enabled` false or `total` 0). In a terminal the bar is redrawn every
+    `tick` seconds, so its clock moves while the first (longest) prompts are still running."""
 
-    def __init__(self, total: int, desc: str, enabled: bool, unit: str = "sample"):
+    def __init__(self, total: int, desc: str, enabled: bool, unit: str = "sample", tick: float = 1.0):
         self.bar = None
+        self._done = threading.Event()
         if enabled and total:
             self.bar = tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, dynamic_ncols=True)
+            if getattr(sys.stderr, "isatty", lambda: False)():  # in a log, every redraw would be one more line
+                threading.Thread(target=self._redraw, args=(tick,), daemon=True).start()
+
+    def _redraw(self, tick: float) -> None:
+        while not self._done.wait(tick):
+            self.bar.refresh()
 
     def update(self, n: int) -> None:
         """Advance by n."""
@@ -35,6 +45,7 @@ class Progress:
 
     def close(self) -> None:
         """Close the bar (if any)."""
+        self._done.set()
         if self.bar:
             self.bar.close()
 
