@@ -51,6 +51,7 @@ def test_lm_eval_task_results_are_lm_evals_own_metrics(tmp_path):
                 metric, _, filt = key.partition(",")
                 assert f"{metric}_stderr,{filt}" in got
         assert sum(n["effective"] for n in res["n-samples"].values()) == summary["arms"][arm]["n_samples"]
+        assert res["group_subtasks"] == {"fp8eval_toy": ["fp8eval_colours", "fp8eval_sums"]}
         assert res["fp8eval"]["arm"] == arm and res["fp8eval"]["fingerprint"] == summary["arms"][arm]["fingerprint"]
     assert _lm_eval_file(tmp_path / "run", "fp8")["fp8eval"]["verdict"]["verdict"] == \
         summary["verdict"]["overall"]["verdict"]

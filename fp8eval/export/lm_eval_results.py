@@ -52,6 +52,18 @@ def _lm_eval_stderrs(records: list[dict], block: dict[str, dict]) -> dict[str, d
     return out
 
 
+def _group_subtasks(records: list[dict]) -> dict[str, list[str]]:
+    """lm-eval's group -> its tasks, from the records' `group=<name>` and `task=<name>` labels (the bridge's)."""
+    out: dict[str, set[str]] = defaultdict(set)
+    for r in records:
+        labels = [g.split("=", 1) for g in r.get("groups") or () if "=" in g]
+        tasks = [v for k, v in labels if k == "task"]
+        for k, v in labels:
+            if k == "group":
+                out[v].update(tasks)
+    return {g: sorted(ts) for g, ts in sorted(out.items())}
+
+
 def _task_results(task: str, arm: dict, records: list[dict]) -> tuple[dict, dict]:
     """(results entries, n-samples) of one arm."""
     scored = [r for r in records if r.get("status") == "ok"]
@@ -96,7 +108,7 @@ def results_file(cfg, summary: dict, arm_name: str, records: list[dict], task_ve
     verdict = (summary.get("verdict") or {}).get("overall") if arm.get("role") != "baseline" else None
     return {
         "results": results,
-        "group_subtasks": {name: [] for name in results},
+        "group_subtasks": _group_subtasks(records) if task == "lm_eval" else {},
         "configs": {name: {"task": name, "tag": [f"fp8eval:{task}"], "generation_kwargs": sampling,
                            "metadata": {"version": task_version}} for name in results},
         "versions": {name: task_version for name in results},
