@@ -9,48 +9,32 @@ import json
 import sys
 from pathlib import Path
 
-import hydra
 from hydra import compose
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import InterpolationResolutionError
+from omegaconf import OmegaConf
 
 from fp8eval.bounds import RUN_RULES, check_names, check_numbers
 from fp8eval.calibrate.config import CalibrationError
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.jsonio import write_json
-from fp8eval.core.paths import CONF_DIR, display_path
-from fp8eval.core.secrets import guard_std_streams, redact_files, redact_obj
-from fp8eval.core.signals import exit_on_sigterm, interrupt_exit_code
+from fp8eval.core.paths import display_path
+from fp8eval.core.secrets import redact_files, redact_obj
 from fp8eval.overrides import check_overrides, free_dict_overrides
 from fp8eval.registry import register_configs
 from fp8eval.report import write_report
 from fp8eval.runner import Runner
 from fp8eval.table import format_table
+from fp8eval.wing import hydra_wing
 
 register_configs()
 
 
-@hydra.main(config_path=str(CONF_DIR), config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    """Run the composed task (or suite) for the kv arm and its baseline; print the run dir last."""
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    try:
-        typed = OmegaConf.to_object(cfg)
-    except InterpolationResolutionError as e:  # ${calibrated:...} with nothing calibrated yet
-        cause = e
-        while cause is not None and not isinstance(cause, CalibrationError):
-            cause = cause.__cause__ or cause.__context__
-        if cause is None:
-            raise
-        print(f"\nfp8eval: {cause}", file=sys.stderr)
-        sys.exit(2)
-    try:  # every numeric option and every name that becomes a path, before any work (and before the plan)
-        check_numbers(typed, RUN_RULES)
-        check_names(typed)
-    except Fp8evalError as e:
-        print(f"\nfp8eval: {e}", file=sys.stderr)
-        sys.exit(2)
+def run(typed, run_dir: Path) -> None:
+    """Run the composed task (or suite) for the kv arm and its baseline; print the run dir last. A config that
+    cannot be made (`${calibrated:...}` with nothing calibrated yet) or an fp8eval error exits 2 with one line."""
+    # every numeric option and every name that becomes a path, before any work (and before the plan)
+    check_numbers(typed, RUN_RULES)
+    check_names(typed)
     if typed.dry_run or typed.plan.gpus is not None:  # presets state their cost before they start
         from fp8eval.plan import format_plan
         from fp8eval.runner import effective_sampling
@@ -59,12 +43,8 @@ def main(cfg: DictConfig) -> None:
         if typed.dry_run:
             print("dry run: no model loaded, no request sent")
             return
-    try:
-        summaries = _run_suite(typed, run_dir) if typed.suite is not None else {"": _run_one(typed, run_dir)}
-        _refuse_unscored(summaries, run_dir)
-    except Fp8evalError as e:
-        print(f"\nfp8eval: {e}", file=sys.stderr)
-        sys.exit(2)
+    summaries = _run_suite(typed, run_dir) if typed.suite is not None else {"": _run_one(typed, run_dir)}
+    _refuse_unscored(summaries, run_dir)
     if typed.report and typed.shard is None:  # a shard's summary is partial; the unsharded rerun reports
         _write_report(run_dir)
     print(display_path(run_dir))
@@ -136,15 +116,15 @@ def _write_report(run_dir: Path) -> None:
         print(f"report: not written ({type(e).__name__}: {e})", file=sys.stderr)
 
 
+def _argv(argv: list[str]) -> list[str]:
+    check_overrides(argv)
+    return free_dict_overrides(argv)
+
+
+# One line, not a traceback, on Ctrl-C or SIGTERM: every finished record is on disk, the rest is resent on the rerun.
+main = hydra_wing("fp8eval", "config", run, errors=(Fp8evalError, CalibrationError), argv=_argv,
+                  interrupted="interrupted; finished records are kept, rerun the same command to resume")
+
+
 if __name__ == "__main__":
-    guard_std_streams()  # every line printed, Hydra's errors included, is redacted (fp8eval.core.secrets)
-    exit_on_sigterm()  # SIGTERM behaves like Ctrl-C: one line, records kept (exit 143)
-    check_overrides(sys.argv[1:])
-    sys.argv[1:] = free_dict_overrides(sys.argv[1:])
-    try:
-        main()
-    except KeyboardInterrupt as exc:
-        # One line, not a traceback: every finished record is on disk, the rest is resent on the rerun.
-        print("\nfp8eval: interrupted; finished records are kept, rerun the same command to resume",
-              file=sys.stderr)
-        sys.exit(interrupt_exit_code(exc))
+    main()

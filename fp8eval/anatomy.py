@@ -34,16 +34,19 @@ def flips(baseline: list[dict], other: list[dict], right_at: float = RIGHT_AT) -
     return out
 
 
-def dissect(runner, door, task, items, arms, fingerprints: dict[str, str], out=print, settle=None) -> dict:
+def dissect(views, records_root, request_of, door, task, items, arms, fingerprints: dict[str, str], out=print,
+            settle=None) -> dict:
     """Teacher-force every flip of every non-baseline arm not yet dissected, each arm opened through the run's
     `door` (fp8eval.arms); the summary's `anatomy` block ({arm: {flips, computed, reused, errors, unavailable}}).
-    `settle()`, if given, is called before an engine is opened (the runner's last engine may still be closing)."""
+    `views`: each arm's counted records by name (fp8eval.records.ArmRecords); `records_root`: where the rows are
+    kept; `request_of(id, prompt, n, seeds)`: the run's engine request for a prompt. `settle()`, if given, is called
+    before an engine is opened (the runner's last engine may still be closing)."""
     by_key = {(it.sample.id, it.repeat): it for it in items}
     base = arms[0]
     summary: dict[str, dict] = {}
     for arm in arms[1:]:
-        found = flips(runner.views[base.name].records, runner.views[arm.name].records)
-        path = store_path(runner.records_root, task.name, fingerprints[arm.name])
+        found = flips(views[base.name].records, views[arm.name].records)
+        path = store_path(records_root, task.name, fingerprints[arm.name])
         done = load(path)
         todo = [(d, b, o) for d, b, o in found if row_key(b["sample_id"], b["repeat"], b["completion"],
                                                           o["completion"]) not in done]
@@ -55,9 +58,9 @@ def dissect(runner, door, task, items, arms, fingerprints: dict[str, str], out=p
         if settle is not None:
             settle()
         with door.engine(arm) as engine:
-            if not callable(getattr(engine, "teacher_force", None)):
-                info["unavailable"] = (f"the {getattr(engine, 'kind', '?')} engine cannot teacher-force (reference, "
-                                       "vllm, server and fake can); the flips are listed without their anatomy")
+            if not engine.capabilities.teacher_force:
+                info["unavailable"] = (f"the {engine.kind} engine cannot teacher-force (its capabilities say so); "
+                                       "the flips are listed without their anatomy")
                 continue
             path.parent.mkdir(parents=True, exist_ok=True)
             with path.open("a", encoding="utf-8") as fh:
@@ -69,7 +72,7 @@ def dissect(runner, door, task, items, arms, fingerprints: dict[str, str], out=p
                     try:
                         if item is None or item.prompt is None:
                             raise Fp8evalError("its prompt is not in this run's plan")
-                        req = runner._request(f"{b['sample_id']}|anatomy", item.prompt, 1, [int(o.get("seed") or 0)])
+                        req = request_of(f"{b['sample_id']}|anatomy", item.prompt, 1, [int(o.get("seed") or 0)])
                         row.update(engine.teacher_force(req, b["completion"] or "", o["completion"] or ""))
                     except (Fp8evalError, ValueError, RuntimeError) as e:  # not kept: the next run retries it
                         info["errors"] += 1

@@ -17,7 +17,10 @@ Every wing (the runner, divergence, sensitivity, perf, and any new one) asks her
   rules. A variant that is the baseline (same kv setting, same engine args) is one arm, role "baseline";
   a variant named like the baseline whose setting differs (a BF16 *control* arm, e.g. `kv=bf16
   kv.engine_args.attention_backend=...`) stays a second arm, named `<kv>-variant`.
+- `resolve_arms(cfg, control=True)`: with the run's `control=<name>` arm last (fp8eval.control), refused at once
+  when it cannot be a noise floor; `fp8eval.control.preflight` then says which of its knobs take effect.
 - `resolve_arms(cfg, names=[...])`: any list of kv options (perf's `perf.arms`), the first the baseline.
+- `arm_material(...)`: what an arm's fingerprint covers, assembled one way for every wing.
 - `arm_spec(cfg, kv, role, name)`: one arm from a KVConfig a wing made itself (a sweep point).
 - `open_engines(cfg, kind=None)`: an `ArmEngines` context manager; `kind` forces an engine kind (perf
   starts `server` engines whatever `engine.kind` says). Every engine still open is closed on exit.
@@ -27,23 +30,23 @@ from __future__ import annotations
 
 import threading
 from contextlib import contextmanager
-from dataclasses import asdict, is_dataclass
-from typing import Iterator
+from typing import Callable, Iterator
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.errors import MissingConfigException
 from omegaconf import OmegaConf
 
-from fp8eval.config import KVConfig, RunConfig, kv_fingerprint_view
+import fp8eval.control as controls
+from fp8eval.config import KVConfig, RunConfig, bf16_cache_spelling, kv_fingerprint_view, plain
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.paths import CONF_DIR
 from fp8eval.engines import build_engine
 from fp8eval.engines.base import Engine
 from fp8eval.engines.spec import ArmSpec, merged_engine_args
 
-__all__ = ["ArmEngines", "ArmError", "ArmSpec", "arm_spec", "compose_kv", "open_engines", "resolve_arms",
-           "same_setting"]
+__all__ = ["ArmEngines", "ArmError", "ArmSpec", "arm_material", "arm_spec", "compose_kv", "open_engines",
+           "resolve_arms", "same_setting"]
 
 CONTROL_SUFFIX = "-variant"
 
@@ -78,16 +81,29 @@ def arm_spec(cfg: RunConfig, kv: KVConfig, role: str = "single", name: str | Non
 def same_setting(a: ArmSpec, b: ArmSpec) -> bool:
     """True when two arms run the same thing: the same kv setting as fingerprints see it (name and
     description aside) and the same engine args."""
-    return _kv_view(a.kv) == _kv_view(b.kv) and a.engine_args == b.engine_args
+    return kv_view(a.kv) == kv_view(b.kv) and a.engine_args == b.engine_args
 
 
-def resolve_arms(cfg: RunConfig, names: list[str] | None = None) -> list[ArmSpec]:
+def resolve_arms(cfg: RunConfig, names: list[str] | None = None, control: bool = False) -> list[ArmSpec]:
     """The arms of a run, the baseline first (pairing reads its records first).
 
     names=None: [baseline, variant] from `cfg.baseline` and `cfg.kv`; one arm when `baseline` is none
     (role "single") or when the variant is the baseline (role "baseline"). names=[...]: those kv options
     (duplicates dropped; `cfg.kv` itself where a name is the run's kv), roles baseline, then variant for
-    `cfg.kv` and "arm" for the others."""
+    `cfg.kv` and "arm" for the others. control=True: the run's control arm last, role "control", when
+    `control=<name>` is set (ControlError when it has no variant and baseline to stand beside, or would not run
+    the baseline's cache format); `fp8eval.control.preflight` judges its knobs before any engine starts."""
+    arms = _resolve(cfg, names)
+    return controls.with_control_arm(cfg, arms) if control and names is None else arms
+
+
+def baseline_arm(cfg: RunConfig) -> ArmSpec:
+    """The run's baseline arm alone (`cfg.baseline`, composed like every arm), for a wing that measures many
+    variants of its own against it (pareto's sweep points)."""
+    return arm_spec(cfg, compose_kv(cfg.baseline, cfg.model.name), "baseline")
+
+
+def _resolve(cfg: RunConfig, names: list[str] | None) -> list[ArmSpec]:
     variant = _kv_object(cfg.kv)
     if names is not None:
         out: list[ArmSpec] = []
@@ -205,8 +221,51 @@ def _kv_object(kv) -> KVConfig:
     return kv if isinstance(kv, KVConfig) else OmegaConf.to_object(kv)
 
 
-def _kv_view(kv: KVConfig) -> dict:
-    d = asdict(kv) if is_dataclass(kv) else dict(kv)
+# Model fields that never change a number (left out of every fingerprint).
+MODEL_LEFT_OUT = ("name", "notes", "sampling", "env")
+SKIP_KEY = "kv_cache_dtype_skip_layers"
+
+
+def model_view(model, left_out: tuple[str, ...] = MODEL_LEFT_OUT, keep_dummy: bool = False) -> dict:
+    """The model config as fingerprints see it: without `left_out`, and `dummy` only where true (only dummy-weight
+    runs carry it, so every other fingerprint is unchanged) unless `keep_dummy`."""
+    d = plain(model)
+    for k in left_out:
+        d.pop(k, None)
+    if not keep_dummy and not d.get("dummy"):
+        d.pop("dummy", None)
+    return d
+
+
+def kv_view(kv, skip_rule: Callable[[object], list] | None = None) -> dict:
+    """A kv option (a KVConfig, or an ArmSpec's) as fingerprints see it: name and description aside, emulation
+    knobs only where they change a number; `skip_rule` rewrites the skip list first (sensitivity normalises it)."""
+    d = plain(getattr(kv, "kv", kv))
     for k in ("name", "description"):
         d.pop(k, None)
+    if skip_rule is not None:
+        args = dict(d.get("engine_args") or {})
+        if SKIP_KEY in args:
+            args[SKIP_KEY] = skip_rule(args[SKIP_KEY])
+        d["engine_args"] = args
     return kv_fingerprint_view(d)
+
+
+_NO_SPELLING = object()
+
+
+def arm_material(cfg, kv, engine: dict, fields: dict, *, model: dict | None = None, kv_d: dict | None = None,
+                 dtype=_NO_SPELLING, control=None) -> dict:
+    """What an arm's fingerprint covers, one way for every wing (the runner's records, divergence's and
+    sensitivity's caches): the model (`model_view` unless given), the engine's description, the kv option
+    (`kv_view` of `kv` unless `kv_d` is given) and the wing's own `fields` (its schema, sampling, task, what it
+    keeps, ...). `dtype`: an explicit BF16 cache is spelt as the "auto" it replaced for that model dtype
+    (`config.bf16_cache_spelling`; left out: no respelling). `control`: a control arm's config (its settings
+    join the material, so its results never collapse into the baseline's)."""
+    material = {"model": model_view(cfg.model) if model is None else model, "engine": engine,
+                "kv": kv_view(kv) if kv_d is None else kv_d, **fields}
+    if dtype is not _NO_SPELLING:
+        material = bf16_cache_spelling(material, dtype)  # type: ignore[assignment]
+    if control is not None:
+        material["control"] = controls.material(control)
+    return material

@@ -7,10 +7,11 @@ the list of valid keys. `engine_args` dicts are the exception on purpose: they h
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field, fields
 from typing import Any, Optional
 
-from omegaconf import MISSING
+from omegaconf import MISSING, OmegaConf
 
 
 @dataclass
@@ -113,6 +114,18 @@ def emulation_in_effect(knobs: dict, cache_dtype: str) -> dict:
 _CACHE_KEYS = ("kv_cache_dtype", "cache_dtype")
 
 
+def plain(node) -> dict:
+    """A config node as a plain dict, resolved: a dataclass, a DictConfig or any mapping ({} for None); the one
+    conversion fingerprints, arms and controls use."""
+    if node is None:
+        return {}
+    if dataclasses.is_dataclass(node):
+        return OmegaConf.to_container(OmegaConf.structured(node), resolve=True)  # type: ignore[return-value]
+    if OmegaConf.is_config(node):
+        return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
+    return dict(node)
+
+
 def bf16_cache_spelling(material, model_dtype) -> object:
     """Fingerprint material with an explicit BF16 cache spelt as it was before `conf/kv/bf16.yaml` said so: a
     `kv_cache_dtype` / `cache_dtype` of "bfloat16" (or "bf16") becomes "auto" when the model dtype is bfloat16, the
@@ -180,6 +193,10 @@ class EngineConfig:
     # vllm engine: start every arm's engine at once on one GPU when all fit, each with a fixed KV cache (no memory
     # profiling), and keep them open until the run ends (the anatomy reuses them); false: one after the other.
     parallel_start: bool = True
+    # server engine, managed: keep the arms' vLLM servers running after the run (registered under the cache's
+    # servers/), and attach to ones already running for the same engine args instead of starting them
+    # (`python -m fp8eval.up` starts them; `python -m fp8eval.up down` stops them).
+    keep_alive: bool = False
     # vLLM attention backend (FLASH_ATTN | FLASHINFER | TRITON_ATTN | FLASHMLA ...); null = vLLM picks.
     # Passed the way the installed vLLM expects and checked against what it ran (fp8eval.engines.attention).
     attention_backend: Optional[str] = None

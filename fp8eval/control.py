@@ -12,21 +12,18 @@ of zero) unless `control.allow_inert=true`, in which case the summary and the re
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Callable
 
 from omegaconf import OmegaConf
 
-from fp8eval.config import ControlConfig, RunConfig
+from fp8eval.config import ControlConfig, RunConfig, plain
 from fp8eval.core.errors import Fp8evalError
-from fp8eval.engines import resolve_kind
+from fp8eval.engines import engine_class, resolve_kind
 from fp8eval.engines.spec import ArmSpec
 
 ROLE = "control"
-# EngineConfig fields a control may set for its arm, and the engine kinds that read each.
-ENGINE_FIELDS = {"prefill_chunk": ("reference",), "concurrency": ("server",)}
-# vLLM engine args the reference engine honours (the rest are vLLM's alone).
-_REFERENCE_ARGS = ("max_num_seqs",)
-_FAKE_ARGS = ("fake_noise",)
+# EngineConfig fields a control may set for its arm (which engine reads each: its `capabilities.engine_fields`).
+ENGINE_FIELDS = ("prefill_chunk", "concurrency")
 
 
 class ControlError(Fp8evalError):
@@ -48,10 +45,6 @@ def arm_name(baseline: str, control: ControlConfig) -> str:
     return f"{baseline}-{control.name}"
 
 
-def _plain(d) -> dict:
-    return dict(OmegaConf.to_container(d, resolve=True)) if OmegaConf.is_config(d) else dict(d or {})
-
-
 def with_control_arm(cfg, arms: list[ArmSpec]) -> list[ArmSpec]:
     """The run's arms with its control arm last, when `control` is set ([baseline, variant, control])."""
     control = control_of(cfg)
@@ -63,14 +56,20 @@ def with_control_arm(cfg, arms: list[ArmSpec]) -> list[ArmSpec]:
     return arms + [control_arm(cfg, arms[0], control)]
 
 
-def preflight(cfg, arms: list[ArmSpec], sampling: dict, out=print) -> dict | None:
-    """Before any engine starts: which of the control's settings take effect on this engine (ControlError when
-    none does, unless control.allow_inert); the summary's `control` block, None without a control."""
+def preflight(cfg, arms: list[ArmSpec], sampling: dict, repeats: int | None = None,
+              rules: Callable[[list[dict]], None] | None = None, out=print) -> dict | None:
+    """The one preflight of a control arm, before any engine starts: which of the control's settings take effect on
+    this engine (ControlError when none does, unless control.allow_inert); the summary's `control` block, None
+    without a control. `rules` is a wing's own knob rules: it may amend the rows (a prefill-only wing marks the
+    seed inert) before they are judged. The arms' cache formats were checked when the control arm was made."""
     control = control_of(cfg)
     if control is None:
         return None
     kind = resolve_kind(cfg)
-    effects = knob_effects(cfg, kind, arms[0], control, sampling, int(cfg.task.repeats))
+    repeats = int(cfg.task.repeats) if repeats is None else int(repeats)
+    effects = knob_effects(cfg, kind, arms[0], control, sampling, repeats)
+    if rules is not None:
+        rules(effects)
     effective = check_effective(control, kind, effects)
     if not effective:
         out(f"note: control={control.name} changes nothing on the {kind} engine (control.allow_inert=true): "
@@ -80,77 +79,85 @@ def preflight(cfg, arms: list[ArmSpec], sampling: dict, out=print) -> dict | Non
 
 def control_arm(cfg, base: ArmSpec, control: ControlConfig) -> ArmSpec:
     """The control arm: the baseline's kv and engine args with the control's engine args over them."""
-    bad = sorted(set(_plain(control.engine)) - set(ENGINE_FIELDS))
+    bad = sorted(set(plain(control.engine)) - set(ENGINE_FIELDS))
     if bad:
         raise ControlError(f"control={control.name}: control.engine sets {', '.join(bad)}; valid: "
                            f"{', '.join(ENGINE_FIELDS)}")
-    args = {**base.engine_args, **_plain(control.engine_args)}
+    args = {**base.engine_args, **plain(control.engine_args)}
+    for key in ("kv_cache_dtype", "kv_cache_dtype_skip_layers"):  # the noise floor of the baseline's own cache
+        mine, theirs = args.get(key, _CACHE_DEFAULTS[key]), base.engine_args.get(key, _CACHE_DEFAULTS[key])
+        if mine != theirs:
+            raise ControlError(f"control={control.name} sets {key}={mine} but its baseline {base.name} runs {key}="
+                               f"{theirs}: a control arm keeps the baseline's cache format (it measures noise, not a "
+                               f"format); drop control.engine_args.{key}")
     return dataclasses.replace(base, role=ROLE, engine_args=args, label=arm_name(base.name, control),
-                               env={str(k): str(v) for k, v in _plain(control.env).items()},
-                               engine_overrides=_plain(control.engine), seed_offset=int(control.seed_offset))
+                               env={str(k): str(v) for k, v in plain(control.env).items()},
+                               engine_overrides=plain(control.engine), seed_offset=int(control.seed_offset))
+
+
+_CACHE_DEFAULTS = {"kv_cache_dtype": "auto", "kv_cache_dtype_skip_layers": None}
 
 
 def material(control: ControlConfig) -> dict:
     """What the control adds to its arm's fingerprint: every setting it changes (never empty, so a control
     arm's records never collapse into the baseline's even when the engine ignores its settings)."""
-    return {"name": control.name, "engine_args": _plain(control.engine_args), "engine": _plain(control.engine),
-            "env": {k: str(v) for k, v in _plain(control.env).items()}, "seed_offset": int(control.seed_offset)}
+    return {"name": control.name, "engine_args": plain(control.engine_args), "engine": plain(control.engine),
+            "env": {k: str(v) for k, v in plain(control.env).items()}, "seed_offset": int(control.seed_offset)}
 
 
 def knob_effects(cfg: RunConfig, kind: str, base: ArmSpec, control: ControlConfig, sampling: dict,
                  repeats: int = 1) -> list[dict]:
     """One row per setting the control changes: {knob, value, effective, why}. `kind` is the resolved engine
-    kind (fake | reference | vllm | server); `base` the baseline arm it is compared with."""
+    kind, whose `capabilities` say which knobs it honours; `base` the baseline arm it is compared with."""
+    caps = engine_class(kind).capabilities
     rows: list[dict[str, Any]] = []
     e = cfg.engine
     name = arm_name(base.name, control)
     base_url = getattr(e, "base_url", None)
-    external = kind == "server" and bool(base_url or _arm_url(cfg, name) or _arm_url(cfg, base.name))
+    external = caps.attaches and bool(base_url or _arm_url(cfg, name) or _arm_url(cfg, base.name))
     own_url = external and (_arm_url(cfg, name) or base_url) != (_arm_url(cfg, base.name) or base_url)
+    honoured = {arg: (rule, why) for arg, rule, why in caps.honoured_args}
 
     def row(knob: str, value, effective: bool, why: str) -> None:
         rows.append({"knob": knob, "value": value, "effective": bool(effective), "why": why})
 
-    for k, v in _plain(control.engine_args).items():
+    base_args = engine_class(kind).effective_engine_args(cfg, base)  # with the defaults the engine adds
+    for k, v in plain(control.engine_args).items():
         knob = f"engine_args.{k}"
-        if base.engine_args.get(k) == v:
+        if base_args.get(k) == v:
             row(knob, v, False, f"the baseline already runs with {k}={v}")
-        elif kind == "vllm":
-            row(knob, v, True, "a vLLM engine arg of this arm only")
-        elif kind == "server" and not external:
-            row(knob, v, True, "a flag of this arm's managed vLLM server")
-        elif kind == "server":
+        elif caps.all_engine_args and not external:
+            row(knob, v, True, caps.engine_args_why)
+        elif caps.all_engine_args:
             row(knob, v, own_url, "declared: this arm's own server (engine.base_urls) must have been started with it"
                 if own_url else "an external server's flags are its own: give this arm its own server in "
                 f"engine.base_urls.{arm_name(base.name, control)}")
-        elif kind == "reference" and k in _REFERENCE_ARGS:
-            eff = repeats > 1 and int(v) < repeats
-            row(knob, v, eff, "decodes a request's repeats in batches of at most max_num_seqs" if eff
-                else "the reference engine decodes one sequence at a time unless a request has several repeats")
-        elif kind == "fake" and k in _FAKE_ARGS:
-            row(knob, v, float(v) > 0, "the fake engine flips that share of answers")
+        elif k in honoured:
+            rule, why = honoured[k]
+            eff = repeats > 1 and int(v) < repeats if rule == "batch_cap" else float(v) > 0
+            row(knob, v, eff, why if eff or rule != "batch_cap" else
+                f"the {kind} engine decodes one sequence at a time unless a request has several repeats")
         else:
             row(knob, v, False, f"not a setting of the {kind} engine")
-    for k, v in _plain(control.engine).items():
+    for k, v in plain(control.engine).items():
         knob = f"engine.{k}"
-        readers = ENGINE_FIELDS.get(k, ())
         if getattr(e, k, None) == v:
             row(knob, v, False, f"the engine group already has {k}={v}")
-        elif kind in readers:
+        elif k in caps.engine_fields:
             row(knob, v, True, f"the {kind} engine's {k} for this arm only")
         else:
-            row(knob, v, False, f"read by the {'/'.join(readers)} engine only, not {kind}")
-    for k, v in _plain(control.env).items():
+            row(knob, v, False, f"the {kind} engine does not read {k} per arm")
+    for k, v in plain(control.env).items():
         knob = f"env.{k}"
-        if kind == "vllm" or (kind == "server" and not external):
+        if caps.process_env and not external:
             row(knob, str(v), True, "set in this arm's vLLM process only")
         else:
             row(knob, str(v), False, f"the {kind} engine starts no vLLM process of its own")
     if control.seed_offset:
         temp = sampling.get("temperature")
         sampled = temp is None or float(temp) > 0
-        if kind == "fake":
-            sampled = bool(_plain(base.engine_args).get("fake_noise") or _plain(control.engine_args).get("fake_noise"))
+        if not caps.follows_sampling:  # scripted answers: seeds matter only under the args that draw with them
+            sampled = any(plain(base.engine_args).get(a) or plain(control.engine_args).get(a) for a in caps.seed_args)
         row("seed_offset", int(control.seed_offset), sampled,
             "other per-(sample, repeat) sampling seeds" if sampled else "greedy decoding ignores the seed")
     return rows
@@ -170,12 +177,11 @@ def check_effective(control: ControlConfig, kind: str, effects: list[dict]) -> b
     if control.allow_inert:
         return False
     why = "; ".join(f"{r['knob']}={r['value']}: {r['why']}" for r in effects) or "it changes nothing"
+    hint = engine_class(kind).capabilities.control_hint or "none of the shipped controls"
     raise ControlError(
         f"control={control.name} changes nothing on the {kind} engine ({why}), so its arm would reproduce the "
-        f"baseline and read as a noise floor of zero. Choose a control that takes effect here (reference: "
-        f"control=chunk, or control=batch1 / control=seed with sampled repeats; vllm: control=batch1, eager or "
-        f"compiled, batch_invariant, tp2; server: control=batch1; fake: control=noise), or set "
-        f"control.allow_inert=true to measure only the engine's own run-to-run nondeterminism.")
+        f"baseline and read as a noise floor of zero. Choose a control that takes effect here ({kind}: {hint}), or "
+        f"set control.allow_inert=true to measure only the engine's own run-to-run nondeterminism.")
 
 
 def describe(control: ControlConfig, kind: str, effects: list[dict], effective: bool) -> dict:

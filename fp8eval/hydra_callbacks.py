@@ -1,5 +1,5 @@
-"""Hydra callbacks of fp8eval's Hydra apps (registered under `hydra.callbacks` in conf/config.yaml,
-conf/divergence.yaml, conf/perf.yaml, conf/sensitivity.yaml and conf/calibrate.yaml)."""
+"""Hydra callbacks of fp8eval's Hydra apps (registered under `hydra.callbacks` in the YAML of every wing that
+`fp8eval.wing.hydra_wing` runs: conf/config.yaml, divergence, sensitivity, pareto, power, perf and calibrate)."""
 
 from __future__ import annotations
 

@@ -15,8 +15,8 @@ import fp8eval.anatomy as anatomy
 import fp8eval.control as controls
 import fp8eval.export as export
 import fp8eval.shard as shards
-from fp8eval.arms import ArmSpec, open_engines, resolve_arms
-from fp8eval.config import RunConfig, SamplingConfig, bf16_cache_spelling, effective_sampling, kv_fingerprint_view
+from fp8eval.arms import ArmSpec, arm_material, open_engines, resolve_arms
+from fp8eval.config import RunConfig, SamplingConfig, effective_sampling, plain
 from fp8eval.core.errors import Fp8evalError
 from fp8eval.core.jsonio import write_json
 from fp8eval.core.progress import Progress
@@ -24,6 +24,7 @@ from fp8eval.core.reasoning import split_reasoning
 from fp8eval.core.secrets import redact_obj
 from fp8eval.core.seeds import derive_seed
 from fp8eval.core.timing import EngineClock
+from fp8eval.engines import capabilities
 from fp8eval.engines.attention import check as check_attention_backend
 from fp8eval.engines.base import Request
 from fp8eval.engines.loglikelihood import send
@@ -62,8 +63,9 @@ def check_greedy_repeats(cfg: RunConfig, sampling: dict) -> None:
     collapsing to one repeat, because the user asked for repeats and should choose what they meant.
     """
     repeats = int(cfg.task.repeats)
-    # The fake engine ignores sampling (its scripts exercise the harness's bookkeeping and benchmarks).
-    if cfg.engine.kind == "fake" or repeats <= 1 or sampling.get("temperature") is None or float(sampling["temperature"]) != 0.0:
+    # An engine that ignores sampling (the fake one's scripts exercise the harness's bookkeeping) is not refused.
+    if repeats <= 1 or sampling.get("temperature") is None or float(sampling["temperature"]) != 0.0 \
+            or not capabilities(cfg).follows_sampling:
         return
     origin = next(where for layer, where in ((cfg.sampling, "sampling.temperature"),
                                              (cfg.task.sampling, f"task {cfg.task.name}'s sampling"),
@@ -73,10 +75,6 @@ def check_greedy_repeats(cfg: RunConfig, sampling: dict) -> None:
         f"task.repeats={repeats} with greedy sampling (temperature 0, from {origin}): every repeat would be "
         f"the same completion, and vLLM refuses n > 1 with greedy sampling. Nothing was run. Either sample "
         f"the repeats (e.g. `sampling.temperature=0.6`) or run one (`task.repeats=1`).")
-
-
-def _as_dict(obj) -> dict:
-    return OmegaConf.to_container(OmegaConf.structured(obj), resolve=True) if dataclasses.is_dataclass(obj) else dict(obj)
 
 
 @dataclasses.dataclass
@@ -108,7 +106,7 @@ class Runner:
         """Listed baseline first (the order of summary.json's arms), then the variant; one arm alone when
         `baseline` is none. Both resolved through Hydra the same way (fp8eval.arms). `run()` runs them
         in the other order: the variant first. A `control=<name>` arm comes last (fp8eval.control)."""
-        return controls.with_control_arm(self.cfg, resolve_arms(self.cfg))
+        return resolve_arms(self.cfg, control=True)
 
     # --- planning ----------------------------------------------------------------------------------------
     def plan(self, task: Task, engine) -> list[PlannedItem]:
@@ -145,12 +143,13 @@ class Runner:
         bar.close()
         return items
 
-    def _token_counter(self, engine) -> PromptCounter:
+    def token_counter(self, engine) -> PromptCounter:
         """Prompt tokens under the engine's template (fp8eval.token_counts.PromptCounter), kept on disk where
         the engine names its tokenizer, so a rerun plans without loading it."""
-        return counter_for(engine, self.records_root, self.cfg, lambda p: self._request("count", p, 1, [0]))
+        return counter_for(engine, self.records_root, self.cfg, lambda p: self.request("count", p, 1, [0]))
 
-    def _request(self, rid: str, prompt: Prompt, n: int, seeds: list[int]) -> Request:
+    def request(self, rid: str, prompt: Prompt, n: int, seeds: list[int]) -> Request:
+        """The engine request for `prompt` (`n` sequences, one seed each) under the run's sampling and template."""
         return Request(id=rid, messages=tuple(prompt.messages), n=n, seeds=tuple(seeds),
                        sampling=dict(self.prompt_sampling(prompt)),
                        chat_template_kwargs=dict(self.cfg.model.chat_template_kwargs),
@@ -171,30 +170,17 @@ class Runner:
 
     # --- fingerprint ---------------------------------------------------------------------------------------
     def fingerprint_material(self, task: Task, engine, arm: ArmSpec) -> dict:
-        model = _as_dict(self.cfg.model)
-        for k in ("name", "notes", "sampling", "env"):
-            model.pop(k, None)
-        if not model.get("dummy"):
-            model.pop("dummy", None)  # only dummy-weight runs carry it: every other fingerprint is unchanged
-        task_cfg = _as_dict(self.cfg.task)
+        """The arm's fingerprint material (fp8eval.arms.arm_material): the kv option as composed, the engine less
+        data parallelism, the sampling, the task (less what only selects samples) and the seed; an explicit
+        "bfloat16" cache spelt as the "auto" it replaced; a control arm's settings."""
+        task_cfg = plain(self.cfg.task)
         for k in ("repeats", "limit", "sampling", *task.selection_keys):
             task_cfg.pop(k, None)
-        kv_d = _as_dict(arm.kv)  # the kv option as composed: its fingerprint is unchanged by ArmSpec
-        for k in ("name", "description"):
-            kv_d.pop(k, None)
-        kv_d = kv_fingerprint_view(kv_d)  # emulation knobs only where they change a number
-        material = bf16_cache_spelling({  # an explicit "bfloat16" fingerprints as the "auto" it replaced
-            "record_schema": RECORD_SCHEMA,
-            "model": model,
-            "engine": fingerprint_view(engine.describe()),  # data parallelism left out
-            "kv": kv_d,
-            "sampling": self.sampling,
+        return arm_material(self.cfg, arm, fingerprint_view(engine.describe()), {
+            "record_schema": RECORD_SCHEMA, "sampling": self.sampling, "seed": self.cfg.seed,
             "task": {"name": task.name, "version": task.version, "config": task_cfg, **task.fingerprint()},
-            "seed": self.cfg.seed,
-        }, arm.engine_args.get("dtype"))
-        if arm.role == controls.ROLE:  # never the baseline's records, even where the engine ignores the knobs
-            material["control"] = controls.material(controls.control_of(self.cfg))
-        return material
+        }, dtype=arm.engine_args.get("dtype"),
+            control=controls.control_of(self.cfg) if arm.role == controls.ROLE else None)
 
     def seed_of(self, arm: ArmSpec) -> int:
         """The run's seed for this arm: a control arm may shift it (control.seed_offset)."""
@@ -224,14 +210,14 @@ class Runner:
         summary.update({"records": str(store.path), "fingerprint": fp, "requests_sent": sent,
                         "n_ignored": view.ignored, "kv_name": kv.name, "records_io": store.io_summary(),
                         "engine": material["engine"].get("kind")})
-        if getattr(engine, "knob_audit", None) is not None:  # fp8eval.knobaudit: what the engine really ran
+        if engine.knob_audit is not None:  # fp8eval.knobaudit: what the engine really ran
             summary["knob_audit"] = engine.knob_audit
         with self.clock.engine("stats"):
-            stats = engine.prefill_stats() if sent and hasattr(engine, "prefill_stats") else None
+            stats = engine.prefill_stats() if sent else None
         if stats:  # this invocation's prefill work, from the engine's own counters
             summary["engine_prefill"] = stats
-        if hasattr(engine, "pool_stats"):  # a replica pool: replicas dropped or ejected, failures per replica
-            summary["replica_pool"] = engine.pool_stats()
+        if (pool := engine.pool_stats()) is not None:  # a replica pool: replicas dropped or ejected, failures
+            summary["replica_pool"] = pool
         summary.update(task.summarize(summary, view.records))
         return summary
 
@@ -293,7 +279,7 @@ class Runner:
             sid, phash = its[0].sample.id, its[0].prompt_hash
             rid = f"{sid}|{phash[:12]}|{','.join(str(i.repeat) for i in its)}"
             seeds = [derive_seed(sid, i.repeat, self.seed_of(kv)) for i in its]
-            requests.append(self._request(rid, its[0].prompt, len(its), seeds))
+            requests.append(self.request(rid, its[0].prompt, len(its), seeds))
             by_id[rid] = its
         # Longest prompts first: fewer stragglers at the end of a batch.
         requests.sort(key=lambda r: -by_id[r.id][0].prompt_tokens)
@@ -390,7 +376,7 @@ class Runner:
         check_audit_config(cfg)
         with self.clock.harness("arms"):  # the kv options composed through Hydra
             arms = self.arms()
-            control_info = controls.preflight(cfg, arms, self.sampling, self.out)  # before any engine starts
+            control_info = controls.preflight(cfg, arms, self.sampling, out=self.out)  # before any engine starts
         tcls = task_class(cfg.task.name)
         task_cfg = cfg.task if isinstance(cfg.task, tcls.config_class) else OmegaConf.to_object(cfg.task)
         summaries: dict[str, dict] = {}
@@ -426,8 +412,8 @@ class Runner:
                 summaries[name]["role"] = role
                 if backend is not None:
                     summaries[name]["attention_backend"] = backend
-                if hasattr(engine, "startup_warnings"):  # vLLM engines: uncalibrated scales, fallbacks
-                    summaries[name]["engine_warnings"] = engine.startup_warnings()
+                if (warned := engine.startup_warnings()) is not None:  # vLLM engines: uncalibrated scales, ...
+                    summaries[name]["engine_warnings"] = warned
                 done = True
             finally:  # closed before the next arm starts (vLLM frees the GPU)
                 if done and name == last:
@@ -444,9 +430,9 @@ class Runner:
             # engine time: it opens the arm again and teacher-forces through it (on the H200 with the 60-sample
             # NIAH grid, 27 s of vLLM start-up that was once counted as the harness's "summary")
             with self.clock.engine("anatomy"):
-                summary["anatomy"] = anatomy.dissect(self, door, task, items, arms,
-                                                     {a.name: summaries[a.name]["fingerprint"] for a in arms},
-                                                     self.out, settle=self.clock.settle)
+                summary["anatomy"] = anatomy.dissect(
+                    self.views, self.records_root, self.request, door, task, items, arms,
+                    {a.name: summaries[a.name]["fingerprint"] for a in arms}, self.out, settle=self.clock.settle)
         with self.clock.engine("close"):  # the engines kept open since prestart (side by side), if any
             door.close_all()
         summary["wall_s"] = round(time.perf_counter() - t0, 2)
@@ -483,7 +469,7 @@ class Runner:
                 b, v = summaries[arms[0].name].get(key), summaries[arms[1].name].get(key)
                 summary["recovery"][key] = value_recovery(b, v)
             summary["verdict"] = paired_verdicts(self.views[arms[0].name].records, self.views[arms[1].name].records,
-                                                 GateSettings(**_as_dict(cfg.stats)), task.cluster_of)
+                                                 GateSettings(**plain(cfg.stats)), task.cluster_of)
         if self.rounds is not None:
             summary["sequential"] = self.rounds.summary(self.views[arms[0].name].records,
                                                         self.views[arms[1].name].records)

@@ -18,7 +18,7 @@ import json
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable, Protocol
 
 from fp8eval.core.progress import stage
 from fp8eval.core.types import Prompt, Request
@@ -55,9 +55,8 @@ class PromptCounter:
                 self.counts[h] = n
         if todo:
             requests = [self.request_of(p) for p in todo.values()]
-            batch = getattr(self.engine, "count_prompt_tokens_many", None)
-            if batch is not None and len(requests) > 1:
-                got = [int(n) for n in batch(requests)]
+            if len(requests) > 1:  # one call (engines.base.EngineBase: a loop where the engine has no batch call)
+                got = [int(n) for n in self.engine.count_prompt_tokens_many(requests)]
                 self.engine_calls += 1
                 if len(got) != len(requests):
                     raise EngineError(f"the engine counted the tokens of {len(got)} of the {len(requests)} prompts it was sent")
@@ -166,17 +165,30 @@ class EarlyPlan:
 
 def counter_for(engine, records_root: Path, cfg, request_of: Callable[[Prompt], Request]) -> PromptCounter:
     """The run's PromptCounter for `engine`: kept on disk where the engine names its tokenizer."""
-    key = getattr(engine, "token_count_key", None)
-    disk = TokenCountCache(records_root, {"tokenizer": key(), "chat_template_kwargs": dict(
+    key = engine.token_count_key()
+    disk = TokenCountCache(records_root, {"tokenizer": key, "chat_template_kwargs": dict(
         cfg.model.chat_template_kwargs)}) if key is not None else None
     return PromptCounter(engine, request_of, disk)
 
 
-def plan_task(runner, tcls, task_cfg, engine, max_model_len: int | None = None):
+class Planner(Protocol):
+    """What planning needs of the run (the runner gives it): its config and sampling, its clock, a prompt counter for
+    an engine and the plan of a task."""
+
+    cfg: Any
+    sampling: dict
+    clock: Any
+
+    def token_counter(self, engine) -> PromptCounter: ...
+
+    def plan(self, task, engine) -> list: ...
+
+
+def plan_task(runner: Planner, tcls, task_cfg, engine, max_model_len: int | None = None):
     """The task built for `engine`'s tokenizer and max_model_len, and its plan (harness part "plan")."""
     from fp8eval.tasks.base import TaskContext
 
-    counter = runner._token_counter(engine)
+    counter = runner.token_counter(engine)
     ctx = TaskContext(count_tokens=counter, count_many=counter.many, model_name=runner.cfg.model.name,
                       max_model_len=engine.max_model_len() if max_model_len is None else max_model_len,
                       seed=runner.cfg.seed, max_tokens=int(runner.sampling["max_tokens"]))
@@ -186,22 +198,16 @@ def plan_task(runner, tcls, task_cfg, engine, max_model_len: int | None = None):
         return task, runner.plan(task, engine)
 
 
-def start_early_plan(runner, tcls, task_cfg, arm, kind: str | None) -> EarlyPlan | None:
+def start_early_plan(runner: Planner, tcls, task_cfg, arm, kind: str | None) -> EarlyPlan | None:
     """Plan in a thread through a tokenizer-only worker while the arm's engine starts, where the engine kind
     has one (fp8eval.engines.start_early_counter); None otherwise."""
-    from fp8eval.engines import arm_config, resolve_kind, start_early_counter
+    from fp8eval.engines import prepare_early_counter, start_early_counter
 
-    kind = kind or resolve_kind(runner.cfg)  # engine=auto: what it resolves to (vllm on a GPU box)
-    if kind == "vllm":
-        # The arm's model made loadable first (an embedded GGUF converted once, on a fresh machine): work of the
-        # engine's start-up, which it would otherwise do itself, so engine time; the worker's start is not.
-        with runner.clock.engine("start"):
-            try:
-                from fp8eval.engines.vllm.args import vllm_engine_args
-
-                vllm_engine_args(arm_config(runner.cfg, arm), arm)
-            except Exception:  # noqa: BLE001 - the engine's own start says what is wrong
-                return None
+    # The arm's model made loadable first (an embedded GGUF converted once, on a fresh machine): work of the
+    # engine's start-up, which it would otherwise do itself, so engine time; the worker's start is not.
+    with runner.clock.engine("start"):
+        if not prepare_early_counter(runner.cfg, arm, kind):
+            return None
     with runner.clock.harness("plan_early_start"):
         helper = start_early_counter(runner.cfg, arm, kind)
     if helper is None:
@@ -209,7 +215,7 @@ def start_early_plan(runner, tcls, task_cfg, arm, kind: str | None) -> EarlyPlan
     return EarlyPlan(helper, lambda max_model_len: plan_task(runner, tcls, task_cfg, helper, max_model_len))
 
 
-def finish_early_plan(runner, early: EarlyPlan | None, engine):
+def finish_early_plan(runner: Planner, early: EarlyPlan | None, engine):
     """(task, items) from `early` if the started engine counts the same, its counter switched to the engine."""
     if early is None:
         return None

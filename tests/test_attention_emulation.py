@@ -106,3 +106,48 @@ def test_unknown_names_fail_with_the_valid_ones():
         _run(q, k, v, "fa4")
     with pytest.raises(ValueError, match="exact, fast_fp8"):
         _run(q, k, v, "kv_only", "slow")
+
+
+def test_fa3_decode_tiles_and_splits_follow_fa3s_heuristics():
+    """The decode tiles (hopper/heuristics.h use_one_mma_wg, hopper/tile_size.h) and the split count (get_num_splits,
+    then flash_prepare_scheduler.cu's dynamic count), worked by hand for SmolLM2's decode (head_dim 64, 3 KV heads of
+    3 query heads each, 132 SMs): 4096 keys are 32 blocks of 128; occupancy 3 s / 132 is best at s = 32 (0.727), 85 %
+    of that first reached at s = 28; blocks_per_sm = ceil(32 * 1.1 * 3 / 132) = 1, so 28 splits of ceil(32 / 28) = 2
+    blocks: 16 non-empty ranges."""
+    assert AE.fa3_decode_block_n(64, rows=3) == 128 and AE.fa3_decode_block_n(128, rows=8) == 96
+    assert AE.fa3_decode_block_n(64, rows=65) is None  # more rows than one warpgroup: the prefill tiles
+    assert AE.fa3_decode_block_n(256, rows=4) is None and AE.fa3_decode_block_n(64, rows=3, sliding=True) is None
+    assert AE.fa3_num_splits(32, kv_heads=3) == 28
+    assert AE.fa3_num_splits(4, kv_heads=3) == 1  # at most 4 blocks: never split
+    assert AE.fa3_num_splits(32, kv_heads=3, batch=8) == 5  # blocks_per_sm = ceil(8 * 32 * 1.1 * 3 / 132) = 7
+    ranges = AE.split_ranges(4096, 128, 28)
+    assert len(ranges) == 16 and ranges[0] == (0, 256) and ranges[-1] == (3840, 4096)
+    assert AE.split_ranges(300, 128, 1) == [(0, 300)]
+    # gemma3-270m's full-attention layers (head_dim 256, 1 KV head): the prefill tiles, split all the same: 2048 keys are
+    # 16 blocks; occupancy s / 132 is best at s = 16, 85 % first at s = 14; ceil(16 / 14) = 2 blocks a split: 8 splits
+    assert AE.fa3_num_splits(16, kv_heads=1) == 14 and len(AE.split_ranges(2048, AE.fa3_block_n(256), 14)) == 8
+
+
+def test_fa3_decode_step_splits_the_keys_and_stays_close_to_exact():
+    """A decode step (one query row) of 4096 keys runs 16 splits, each with its own running max, combined by their
+    log-sum-exps: not the bits of one unsplit pass, as close to exact attention, and deterministic. A prefill chunk's
+    numbers do not change with the decode rule (the prefill tiles: rows above one warpgroup)."""
+    q, k, v = _qkv(lq=1, lk=4096, h=3, d=64, seed=3, spread=3.0)
+    q = q.repeat_interleave(3, dim=1)  # 9 query heads over 3 KV heads, as SmolLM2
+    got = _run(q, k, v, "fa3_fp8")
+    assert torch.equal(got, _run(q, k, v, "fa3_fp8"))
+    scale = q.shape[-1] ** -0.5
+    qs = fp8_roundtrip(q).reshape(1, 3, 3, 64)
+    s = torch.matmul(qs, k.transpose(-1, -2)) * scale
+    one = AE._fa3_rows(s.clone(), v, "e4m3", 128, "exact").view(1, 1, 9, -1)
+    assert not torch.equal(got, one)
+    exact = _exact(fp8_roundtrip(q), k.repeat_interleave(3, 1), v.repeat_interleave(3, 1))  # Q as the kernel reads it
+    assert _rel(got, exact) < 0.05 and _rel(one, exact) < 0.05, (_rel(got, exact), _rel(one, exact))
+    # a prefill chunk of 70 query rows (x 3 heads per KV head > 64) keeps the prefill tiles: the same bits as when
+    # the decode rule is switched off
+    qp, kp, vp = _qkv(lq=70, lk=400, h=3, d=64, seed=4)
+    with_rule = _run(qp, kp, vp, "fa3_fp8")
+    import unittest.mock
+
+    with unittest.mock.patch.object(AE, "fa3_decode_block_n", lambda *a, **k: None):
+        assert torch.equal(with_rule, _run(qp, kp, vp, "fa3_fp8"))

@@ -81,7 +81,12 @@ def test_control_arm_is_the_baseline_with_the_controls_settings():
 
 
 @pytest.mark.parametrize("control,engine,extra,effective", [
-    ("eager", "vllm", [], {"engine_args.enforce_eager": True}),
+    # engine.cuda_graphs=auto runs the default job (256-token answers) eager already: the compiled control is the
+    # one that changes something there; with long answers (compiled) the eager one is.
+    ("eager", "vllm", [], {"engine_args.enforce_eager": False}),
+    ("compiled", "vllm", [], {"engine_args.enforce_eager": True}),
+    ("eager", "vllm", ["sampling.max_tokens=4096"], {"engine_args.enforce_eager": True}),
+    ("eager", "vllm", ["engine.cuda_graphs=on"], {"engine_args.enforce_eager": True}),
     ("eager", "vllm_cpu", [], {"engine_args.enforce_eager": False}),  # vllm_cpu is eager already
     ("compiled", "vllm_cpu", [], {"engine_args.enforce_eager": True}),
     ("eager", "reference", [], {"engine_args.enforce_eager": False}),
@@ -127,6 +132,41 @@ def test_control_needs_a_baseline_and_unknown_settings_fail():
 
     with pytest.raises(MissingConfigException):
         compose(["control=nope"])
+
+
+def test_a_control_that_changes_the_cache_format_is_refused_before_any_work(tmp_path):
+    """A control arm measures the baseline's own noise: `+control.engine_args.kv_cache_dtype=fp8` would run an FP8
+    "control" (issue 37). Refused in one line by the door (resolve_arms), for the runner and divergence alike."""
+    from fp8eval.arms import resolve_arms
+    from fp8eval.runner import Runner
+
+    for extra in (["+control.engine_args.kv_cache_dtype=fp8"],
+                  ["+control.engine_args.kv_cache_dtype_skip_layers=[0]"]):
+        cfg = compose(["control=batch1", "engine=fake", *extra])
+        with pytest.raises(ControlError, match="keeps the baseline's cache format") as got:
+            resolve_arms(cfg, control=True)
+        assert "\n" not in str(got.value) and "bf16" in str(got.value)
+        with pytest.raises(ControlError, match="keeps the baseline's cache format"):
+            Runner(cfg, tmp_path / "run").run()
+        assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+    # the same dtype as the baseline's, spelt out, is no change
+    cfg = compose(["control=batch1", "engine=fake", "+control.engine_args.kv_cache_dtype=bfloat16"])
+    assert resolve_arms(cfg, control=True)[-1].role == "control"
+
+
+def test_a_wing_amends_the_knob_rules_through_the_one_preflight():
+    from fp8eval.control import preflight
+
+    cfg, arms = _arms(["control=seed", "engine=reference"])
+    block = preflight(cfg, arms, {"temperature": 0.7}, 1, out=lambda s: None)
+    assert block["knobs"][0]["effective"] and not block["inert"] and block["arm"] == "bf16-seed"
+
+    def nothing_is_sampled(rows):
+        for r in rows:
+            r.update(effective=False, why="prefill only")
+
+    with pytest.raises(ControlError, match="seed_offset=.*prefill only"):
+        preflight(cfg, arms, {"temperature": 0.7}, 1, nothing_is_sampled)
 
 
 # --- fake engine: the whole path -------------------------------------------------------------------
@@ -324,8 +364,8 @@ def test_divergence_noise_floor_on_the_reference_engine(tmp_path):
     from fp8eval.divergence.run import format_table, run
 
     try:
-        res = run(_cfg(tmp_path, "kv=fp8", "control=chunk", "control.engine.prefill_chunk=32"), tmp_path / "d",
-                  out=lambda s: None)
+        res = run(_cfg(tmp_path, "kv=fp8", "control=chunk", "control.engine.prefill_chunk=32", "divergence.path=prefill"),
+                  tmp_path / "d", out=lambda s: None)
     except Exception as e:  # noqa: BLE001
         pytest.skip(f"embedded model unavailable: {e}")
     floor = res["noise_floor"]
@@ -342,9 +382,12 @@ def test_divergence_batch1_control_with_a_vllm_like_engine(tmp_path, monkeypatch
     from test_divergence_run import _cfg, _FakeTok
 
     import fp8eval.divergence.run as R
+    from fp8eval.engines.base import EngineBase
+    from fp8eval.engines.vllm.args import OFFLINE_CAPABILITIES
 
-    class Eng:
+    class Eng(EngineBase):
         kind = "vllm"
+        capabilities = OFFLINE_CAPABILITIES
         batches: list[int] = []
 
         def __init__(self, cfg, arm, shared=None, kind=None):
@@ -372,6 +415,8 @@ def test_divergence_batch1_control_with_a_vllm_like_engine(tmp_path, monkeypatch
             Eng.batches.append(len(batch))
             return [self._one(ids, k, len(batch)) for ids in batch]
 
+        decode_logprobs_many = prompt_logprobs_many  # the decode path (divergence.path=decode, the default)
+
         def close(self):
             pass
 
@@ -394,6 +439,9 @@ def test_divergence_batch1_control_with_a_vllm_like_engine(tmp_path, monkeypatch
     assert 0 < floor["overall"]["kl_mean"] < res["overall"]["kl_mean"]
     assert floor["kl_ratio"]["overall"] > 1
     assert res["arms"]["bf16-batch1"]["fingerprint"] != res["arms"]["bf16"]["fingerprint"]
+    # a prefill-chunk control changes nothing on the decode path alone: refused as inert, and taken on the prefill path
+    with pytest.raises(ControlError, match="divergence.path=decode: one token is prefilled"):
+        R.run(_cfg(tmp_path, "kv=fp8", "engine=vllm", "control=chunk"), tmp_path / "c", out=lambda s: None)
 
 
 def test_divergence_bf16_against_itself_is_one_arm(tmp_path, monkeypatch):

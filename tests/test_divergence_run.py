@@ -10,6 +10,8 @@ pytest.importorskip("transformers")
 
 from fp8eval.divergence.__main__ import register  # noqa: E402
 from fp8eval.divergence.run import run  # noqa: E402
+from fp8eval.engines.base import EngineBase  # noqa: E402
+from fp8eval.engines.vllm.args import OFFLINE_CAPABILITIES  # noqa: E402
 
 
 def _cfg(tmp_path, *overrides):
@@ -58,11 +60,12 @@ class _FakeTok:
         return {"input_ids": [1] + [ord(c) % 50 for c in text]}
 
 
-class _FakeVLLM:
+class _FakeVLLM(EngineBase):
     """Answers prompt_logprobs like the vLLM engine: top-k of a position-seeded distribution; the fp8 arm
     perturbs it."""
 
     kind = "vllm"
+    capabilities = OFFLINE_CAPABILITIES
     calls = 0
 
     def __init__(self, cfg, kv, shared=None, kind=None):
@@ -72,7 +75,7 @@ class _FakeVLLM:
     def describe(self):
         return {"kind": "vllm", "preflight": self.preflight}
 
-    def prompt_logprobs(self, ids, k):
+    def _rows(self, ids, k, decode=False):
         import numpy as np
 
         _FakeVLLM.calls += 1
@@ -80,9 +83,18 @@ class _FakeVLLM:
         logits = rng.normal(size=(len(ids) - 1, 50)) * 2
         if self.kv.name != "bf16":
             logits = logits + np.random.default_rng(1).normal(size=logits.shape) * 0.3
+        if decode:  # the decode kernel sums in another order: a small gap, larger with the FP8 cache
+            logits = logits + np.random.default_rng(2).normal(size=logits.shape) * (0.01 if self.kv.name == "bf16" else 0.1)
         lp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
         top = np.argsort(-lp, -1)[:, :k]
-        return top.tolist(), np.take_along_axis(lp, top, -1).tolist()
+        own = lp[np.arange(len(ids) - 1), np.asarray(ids[1:])]
+        return top.tolist(), np.take_along_axis(lp, top, -1).tolist(), own.tolist()
+
+    def prompt_logprobs_many(self, batch, k):
+        return [self._rows(ids, k) for ids in batch]
+
+    def decode_logprobs_many(self, batch, k):
+        return [self._rows(ids, k, decode=True) for ids in batch]
 
     def close(self):
         pass
@@ -117,7 +129,7 @@ def test_vllm_worker_prompt_logprobs_parsing(monkeypatch):
     import types
     from dataclasses import dataclass
 
-    from fp8eval.engines.vllm_offline import _Worker
+    from fp8eval.engines.vllm import prompt_ops
 
     @dataclass
     class Lp:
@@ -137,10 +149,9 @@ def test_vllm_worker_prompt_logprobs_parsing(monkeypatch):
             plp = [None, {7: Lp(-0.1, 1), 8: Lp(-2.0, 2), 3: Lp(-9.0, 40)}, {9: Lp(-0.5, 1), 4: Lp(-1.0, 2)}]
             return [types.SimpleNamespace(prompt_logprobs=plp)]
 
-    w = _Worker(out=None)
-    w.llm = LLM()
-    got = w.prompt_logprobs([1, 3, 4], 2)
-    assert got["ids"] == [[7, 8], [9, 4]] and got["logprobs"] == [[-0.1, -2.0], [-0.5, -1.0]]
+    (ids, lps, own), = prompt_ops.prompt_logprobs(LLM(), [[1, 3, 4]], 2)
+    assert ids == [[7, 8], [9, 4]] and lps == [[-0.1, -2.0], [-0.5, -1.0]]
+    assert own == [-9.0, -1.0]  # each prompt token's own log-prob, also below the top k (the path gap reads it)
 
 
 def test_bf16_control_arm_is_not_collapsed_into_its_baseline(tmp_path, monkeypatch):
@@ -161,3 +172,64 @@ def test_bf16_control_arm_is_not_collapsed_into_its_baseline(tmp_path, monkeypat
     assert control["arms"]["bf16"]["fingerprint"] == same["arms"]["bf16"]["fingerprint"]
     assert control["arms"]["bf16-variant"]["fingerprint"] != same["arms"]["bf16"]["fingerprint"]
     assert control["overall"]["kl_mean"] > 0  # the stand-in perturbs every arm but the one named bf16
+
+
+def test_both_paths_give_each_paths_kl_and_the_path_gap(tmp_path, monkeypatch):
+    """divergence.path=both with a vLLM-like engine: the decode path's numbers at the top level, both paths' KL per
+    bucket, each arm's |decode - prefill| gap of the passage's own token (the BF16 floor below the FP8 arm's); each path
+    is its own cache, and a prefill-only run reuses the prefill results."""
+    import fp8eval.arms as A
+    import fp8eval.divergence.run as R
+
+    monkeypatch.setattr(R, "load_tokenizer", lambda model: _FakeTok())
+    monkeypatch.setattr(A, "build_engine", _FakeVLLM)
+    monkeypatch.setattr(R, "resolve_kind", lambda cfg: "vllm")
+    args = ("kv=fp8", "engine=vllm", "divergence.lengths=[300]", "divergence.topk=5")
+    both = run(_cfg(tmp_path, *args, "divergence.path=both"), tmp_path / "both", out=lambda s: None)
+    assert both["path"] == "both" and both["kernel_path"] == "decode" and set(both["paths"]) == {"decode", "prefill"}
+    assert both["buckets"] == both["paths"]["decode"]["buckets"] != both["paths"]["prefill"]["buckets"]
+    gap = both["path_gap"]
+    assert set(gap) == {"bf16", "fp8"} and gap["fp8"]["overall"]["n_tokens"] == 299
+    assert 0 < gap["bf16"]["overall"]["mean_abs"] < gap["fp8"]["overall"]["mean_abs"]
+    assert 0 < gap["fp8"]["overall"]["share_above_1e-3"] <= 1 and gap["fp8"]["overall"]["max_abs"] > 0
+    fp8 = both["arms"]["fp8"]
+    assert fp8["path"] == "decode" and fp8["other_path"]["path"] == "prefill"
+    assert fp8["fingerprint"] != fp8["other_path"]["fingerprint"]
+    table = R.format_table(both)
+    assert "path gap" in table and "prefill path" in table
+    only = run(_cfg(tmp_path, *args, "divergence.path=prefill"), tmp_path / "prefill", out=lambda s: None)
+    assert only["arms"]["fp8"]["passages_computed"] == 0 and only["arms"]["fp8"]["fingerprint"] == fp8["other_path"]["fingerprint"]
+    assert only["buckets"] == both["paths"]["prefill"]["buckets"] and "path_gap" not in only
+    with pytest.raises(ValueError, match="divergence.path='sideways'; valid: prefill, decode, both"):
+        run(_cfg(tmp_path, *args, "divergence.path=sideways"), tmp_path / "bad", out=lambda s: None)
+
+
+def test_decode_fingerprints_and_the_forcing_processor_args(tmp_path):
+    """The decode path enters the fingerprint; the forcing logits processor the decode path registers on vLLM stays
+    out of a prefill result's fingerprint (it changes nothing a prefill computes), and engine_cfg adds it only for a
+    run that reads the decode path (the engine's capabilities name it)."""
+    import fp8eval.divergence.run as R
+    from fp8eval.engines.vllm.args import OFFLINE_CAPABILITIES
+    from fp8eval.engines.vllm.forced import FQCN
+
+    assert OFFLINE_CAPABILITIES.decode_logits_processor == FQCN
+
+    class Eng(EngineBase):
+        kind, capabilities = "vllm", OFFLINE_CAPABILITIES
+
+        def __init__(self, args):
+            self.args = args
+
+        def describe(self):
+            return {"kind": "vllm", "engine_args": dict(self.args)}
+
+    cfg = _cfg(tmp_path, "kv=fp8", "engine=vllm")
+    arm = cfg.kv
+    plain, forced = Eng({"enforce_eager": True}), Eng({"enforce_eager": True, "logits_processors": [FQCN]})
+    assert R.arm_fingerprint(cfg, plain, arm, "topk")[0] == R.arm_fingerprint(cfg, forced, arm, "topk")[0]
+    assert R.arm_fingerprint(cfg, forced, arm, "topk", path="decode")[0] != R.arm_fingerprint(cfg, forced, arm, "topk")[0]
+    for path, want in (("prefill", None), ("decode", [FQCN]), ("both", [FQCN])):
+        c = _cfg(tmp_path, "kv=fp8", "engine=vllm", f"divergence.path={path}")
+        assert R.engine_cfg(c).engine.engine_args.get("logits_processors") == want
+    ref = _cfg(tmp_path, "kv=fp8", "engine=reference")
+    assert "logits_processors" not in R.engine_cfg(ref).engine.engine_args  # the reference engine decodes itself

@@ -72,7 +72,7 @@ def test_vllm_startup_error_on_a_gpu_names_cause_location_and_fix(monkeypatch, t
 
     eng = object.__new__(VLLMOfflineEngine)
     eng.args = {"model": "m", "kv_cache_dtype": "fp8_e5m2"}
-    eng._child_log = E5M2_LOG
+    eng.startup_log = E5M2_LOG
     eng.log_path = tmp_path / "vllm.log"
     eng.python = "python3"
     monkeypatch.setattr(kvcheck, "runs_on_cpu", lambda args: False)
@@ -92,10 +92,10 @@ def test_base_model_prompts_are_plain_text_for_every_engine(tmp_path):
     from fp8eval.tasks.base import Prompt
 
     cfg = compose(["model=gemma3-270m", "engine=fake"])
-    req = Runner(cfg, tmp_path)._request("r", Prompt(messages=list(msgs)), 1, [0])
+    req = Runner(cfg, tmp_path).request("r", Prompt(messages=list(msgs)), 1, [0])
     assert req.prompt_text == "A\n\nB\n\n"
     chat = compose(["model=smollm2-135m", "engine=fake"])
-    assert Runner(chat, tmp_path)._request("r", Prompt(messages=list(msgs)), 1, [0]).prompt_text is None
+    assert Runner(chat, tmp_path).request("r", Prompt(messages=list(msgs)), 1, [0]).prompt_text is None
 
 
 class _NoTemplateTokenizer:

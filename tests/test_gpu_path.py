@@ -89,6 +89,11 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GP
     (["kv=fp8"], 1),
     (["kv=fp8", "kv.attention=fa3_fp8"], 1),
     (["kv=int8_per_token_head"], 1),
+    (["kv=fp8_per_token_head"], 1),
+    (["kv=int4_per_token_head"], 1),
+    (["kv=nvfp4"], 1),
+    (["kv=turboquant_k8v4"], 1),
+    (["kv=fp8_e5m2"], 1),
     (["kv=fp8", "+kv.engine_args.kv_cache_dtype_skip_layers=[0,1]"], 1),
 ])
 def test_reference_engine_on_cuda_generates_every_arm(overrides, arm_index):

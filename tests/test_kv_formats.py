@@ -293,7 +293,7 @@ def test_sensitivity_replaces_an_unservable_skip_list():
 
     types = ["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(18)]
     config = NS(sliding_window=512, num_key_value_heads=1, head_dim=256, num_attention_heads=4, hidden_size=640)
-    passes = NS(engine=NS(_model=NS(config=config), cache_dtype="fp8"), types=types)
+    passes = NS(engine=NS(cache_dtype="fp8"), config=config, types=types)
     feas = Feasibility(None, passes, "rule")
     order = [12, 13, 14, 16, 17, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 15]
     scores = {i: (10.0 if i in (12, 13, 14, 16, 17) else 1.0) for i in range(18)}

@@ -125,11 +125,11 @@ RANKS = {
     "report": 7, "export": 7,  # export: lm-eval results, records.parquet, the card, trackers (after summary.json)
     "runner": 8, "arms": 8, "shard": 8, "plan": 8, "token_counts": 8, "overrides": 8, "stopping": 8, "table": 8,
     "control": 8, "anatomy": 8,
-    "registry": 9,
+    "registry": 9, "wing": 9,  # the shared ConfigStore and resolvers; the one shell of every Hydra wing
     "calibrate": 10, "divergence": 10, "perf": 10, "power": 10, "probe": 10, "knobaudit": 10,  # the wings
     "sensitivity": 11,  # builds on divergence's measures and passages
     "pareto": 11,  # every KV format on one frontier: divergence's probe through the door
-    "__main__": 12, "hydra_callbacks": 12,
+    "__main__": 12, "hydra_callbacks": 12, "up": 12,  # up: keeps a run's vLLM servers alive (the warm path)
 }
 # The one import allowed to run back up: the `${calibrated:<strategy>}` resolver that every Hydra CLI shares
 # needs the calibration store to name the latest checkpoint.

@@ -131,10 +131,10 @@ def test_hub_task_offline_fails_at_once():
 
 
 def test_engine_without_loglikelihood_refuses():
-    from fp8eval.engines.base import EngineError, Request
+    from fp8eval.engines.base import EngineBase, EngineError, Request
     from fp8eval.engines.loglikelihood import send
 
-    class GenerateOnly:
+    class GenerateOnly(EngineBase):  # the default capabilities: generation alone
         kind = "generate-only"
 
         def generate(self, requests):

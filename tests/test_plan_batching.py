@@ -14,6 +14,7 @@ import pytest
 from conftest import compose, run_inprocess
 
 from fp8eval.core.types import Prompt
+from fp8eval.engines.base import EngineBase
 from fp8eval.engines.fake import FakeEngine
 from fp8eval.tasks.base import SkipSample, TaskContext
 from fp8eval.tasks.niah import NiahConfig, NiahTask, haystack
@@ -145,7 +146,7 @@ def test_runner_plan_on_fake_engine_matches_one_by_one_planning(tmp_path):
     with open_engines(cfg) as door:
         with door.engine(arm) as engine:
             engine.count_prompt_tokens_many = lambda reqs: [engine.count_prompt_tokens(r) for r in reqs]
-            counter = runner._token_counter(engine)
+            counter = runner.token_counter(engine)
             plans = []
             for many in (counter.many, None):
                 ctx = TaskContext(count_tokens=counter, count_many=many, max_model_len=engine.max_model_len(),
@@ -204,8 +205,9 @@ if __name__ == "__main__":  # pragma: no cover
 _FAKE_COUNT = FakeEngine.count_prompt_tokens  # before any test patches it
 
 
-class _Helper:
-    """A stand-in tokenizer-only worker: counts as the fake engine does, after a short load."""
+class _Helper(EngineBase):
+    """A stand-in tokenizer-only worker: counts as the fake engine does, after a short load (the optional half of
+    the engine protocol, a batch count among it, from EngineBase)."""
 
     def __init__(self, same: bool):
         self.same, self.closed, self.counted = same, False, 0

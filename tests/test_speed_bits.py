@@ -159,14 +159,18 @@ def test_anatomy_logits_kept_from_generation_equal_their_replay():
     forced = tok.decode(ids[:3]) + " zebra"
     calls = []
     real = fp8._prefill
-    fp8._prefill = lambda *a, **k: calls.append(1) or real(*a, **k)
+    fp8._prefill = lambda *a, **k: calls.append(len(a[0])) or real(*a, **k)
+    prompt_len = len(fp8.prompt_ids(req))
     kept = fp8.teacher_force(req, forced, own)
-    assert not calls and len(shared["step_logits"]._items) == 1  # read from the memo
+    # read from the memo: the only prefill is the prefill view (prompt + 3 forced tokens), no replay of the prompt
+    assert calls == [prompt_len + 3] and len(shared["step_logits"]._items) == 1
     shared["step_logits"]._items.clear()
     replayed = fp8.teacher_force(req, forced, own)
-    assert calls  # replayed
-    assert kept == replayed and kept["part_position"] == 3
+    assert prompt_len in calls  # replayed
+    assert kept == replayed and kept["part_position"] == 3 and kept["path"] == "decode"
     assert kept["top1_token"] == kept["other_token"] and kept["rank"] > 1
+    # the prefill view of the same position: another computation (chunks of 16 vs decode steps), a close number
+    assert kept["logprob_prefill"] != kept["logprob"] and abs(kept["logprob_prefill"] - kept["logprob"]) < 0.5
 
 
 def test_step_logits_memo_is_bounded_in_bytes_and_answers_only_its_own_prefix():

@@ -14,15 +14,13 @@ Next to the checkpoint: `kv_scales.json` (the same scales, `fp8eval-kv-scales/1`
 from __future__ import annotations
 
 import sys
-
-import hydra
-from omegaconf import DictConfig, OmegaConf
+from pathlib import Path
 
 from fp8eval.calibrate.config import CalibConfig, CalibrateConfig, CalibrationError, unknown_calib_keys
 from fp8eval.calibrate.run import calibrate
-from fp8eval.core.paths import CONF_DIR
-from fp8eval.core.secrets import guard_std_streams
+from fp8eval.core.errors import Fp8evalError
 from fp8eval.registry import register_wing
+from fp8eval.wing import hydra_wing
 
 
 def register() -> None:
@@ -33,29 +31,25 @@ def register() -> None:
 register()
 
 
-def main() -> None:
-    """The Hydra app; the checkpoint directory is the last stdout line."""
+def run_wing(typed: CalibrateConfig, run_dir: Path) -> None:
+    """Calibrate (or find the cached checkpoint); the checkpoint directory is the last stdout line (a calibration
+    error: one line, exit 2)."""
+    path = calibrate(typed.model, typed.calib, log=lambda m: print(m, file=sys.stderr))
+    report = path / "scales_report.md"
+    if report.is_file():
+        print(f"report: {report}")
+    print(path, flush=True)
 
-    @hydra.main(config_path=str(CONF_DIR), config_name="calibrate", version_base="1.3")
-    def app(cfg: DictConfig) -> None:
-        typed: CalibrateConfig = OmegaConf.to_object(cfg)
-        try:
-            path = calibrate(typed.model, typed.calib, log=lambda m: print(m, file=sys.stderr))
-        except CalibrationError as e:
-            print(f"\nfp8eval.calibrate: {e}", file=sys.stderr)
-            sys.exit(2)
-        report = path / "scales_report.md"
-        if report.is_file():
-            print(f"report: {report}")
-        print(path, flush=True)
 
-    problem = unknown_calib_keys(sys.argv[1:])
+def _check(argv: list[str]) -> None:
+    problem = unknown_calib_keys(argv)
     if problem:
         print(f"fp8eval.calibrate: {problem}", file=sys.stderr)
         sys.exit(2)
-    app()
+
+
+main = hydra_wing("fp8eval.calibrate", "calibrate", run_wing, errors=(CalibrationError, Fp8evalError), argv=_check)
 
 
 if __name__ == "__main__":
-    guard_std_streams()  # every line printed, Hydra's errors included, is redacted (fp8eval.core.secrets)
     main()

@@ -52,7 +52,9 @@ class Progress:
 
 @contextmanager
 def stage(text: str, enabled: bool = True):
-    """Say on stderr that `text` started, and when the block ends how long it took (nothing when disabled)."""
+    """Say on stderr that `text` started, and when the block ends how long it took (nothing when disabled). Other
+    libraries' bars and known noise are kept out of a log either way (`quiet_third_party`)."""
+    quiet_third_party()
     if not enabled:
         yield
         return

@@ -26,6 +26,10 @@ class DivergenceConfig:
     # Position bucket edges (tokens); the last bucket is open.
     edges: list[int] = field(default_factory=lambda: list(DEFAULT_EDGES))
     plot: bool = True
+    # The kernel path whose distributions are read (fp8eval/divergence/paths.py): decode (each position as a decode step
+    # computes it, the passage forced token by token: what generated answers see), prefill (one prefill of the passage:
+    # reference engine's chunked prefill, vLLM's prompt_logprobs) or both (both, and each arm's decode-vs-prefill gap).
+    path: str = "decode"
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""One divergence run: both arms prefill the same passages, the measures per position bucket, divergence.json.
+"""One divergence run: both arms read the same passages on the kernel path(s) `divergence.path` names (decode steps,
+one prefill, or both and the path gap: fp8eval.divergence.paths), the measures per position bucket, divergence.json.
 
 Resumable and fingerprinted like the runner's arms: each (arm, passage) result is kept under
 `<records_dir>/divergence/<fingerprint[:20]>/<passage key>.npz`, the fingerprint covering the model, the
@@ -8,24 +9,23 @@ top-k); a rerun loads what exists and computes only what is missing.
 
 from __future__ import annotations
 
-import dataclasses
+import contextlib
 import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
-from omegaconf import OmegaConf
 
 import fp8eval.control as controls
-from fp8eval.arms import ArmEngines, open_engines, resolve_arms
-from fp8eval.config import bf16_cache_spelling, kv_fingerprint_view
+from fp8eval.arms import ArmEngines, arm_material, kv_view, open_engines, resolve_arms
 from fp8eval.core.hashing import canonical_json, fingerprint_hash
 from fp8eval.core.secrets import redact_obj
 from fp8eval.divergence import measures as M
+from fp8eval.divergence import paths as P
 from fp8eval.divergence import sources
 from fp8eval.divergence.documents import Passage, load_tokenizer, passages, read_texts, text_passages
-from fp8eval.engines import resolve_kind
+from fp8eval.engines import capabilities, resolve_kind, with_topk
 
 SCHEMA = 1
 TOPK_NOTE = ("KL over the tokens in both arms' top-k prompt_logprobs, both distributions renormalised to that "
@@ -33,33 +33,29 @@ TOPK_NOTE = ("KL over the tokens in both arms' top-k prompt_logprobs, both distr
              "full-vocabulary KL was 12-22 % above it for a K/V-only FP8 cache, issue 18). top1_agree compares the "
              "two arms' most likely tokens; dlogp_mean is over positions whose BF16 argmax is in the variant's top-k.")
 EXACT_NOTE = "KL over the full vocabulary from both arms' logits (exact)."
+# The knobs that only shape a prefill: inert on the decode path alone.
+CHUNK_KNOBS = ("engine.prefill_chunk", "engine_args.max_num_batched_tokens", "engine_args.enable_chunked_prefill")
 
 
-def _plain(obj) -> dict:
-    if dataclasses.is_dataclass(obj):
-        return OmegaConf.to_container(OmegaConf.structured(obj), resolve=True)
-    return dict(obj)
-
-
-def arm_fingerprint(cfg, engine, kv, kind: str, control=None) -> tuple[str, dict]:
+def arm_fingerprint(cfg, engine, kv, kind: str, control=None, path: str = "prefill") -> tuple[str, dict]:
     """sha256 over everything that can change an arm's per-passage result (`kv`: a KVConfig or an ArmSpec;
-    `control`: the control config of a control arm, None otherwise)."""
-    model = _plain(cfg.model)
-    for k in ("name", "notes", "sampling", "env"):
-        model.pop(k, None)
-    if not model.get("dummy"):
-        model.pop("dummy", None)  # only dummy-weight runs carry it
-    kv_d = _plain(getattr(kv, "kv", kv))
-    for k in ("name", "description"):
-        kv_d.pop(k, None)
-    kv_d = kv_fingerprint_view(kv_d)
+    `control`: the control config of a control arm, None otherwise; `path`: the kernel path, which enters only when
+    decode, so prefill results keep their fingerprints), and its material (fp8eval.arms.arm_material)."""
+    kv_d = kv_view(kv)
     kept: object = kind if kind == "hidden" else {"topk": int(cfg.divergence.topk)}
     if kind != "hidden" and int(getattr(cfg.divergence, "batch", 1)) != 1:  # only then: older results keep theirs
         kept = {**kept, "batch": int(cfg.divergence.batch)}
-    material = {"divergence_schema": SCHEMA, "model": model, "engine": engine.describe(), "kv": kv_d, "kept": kept}
-    material = bf16_cache_spelling(material, (kv_d.get("engine_args") or {}).get("dtype"))
-    if control is not None:
-        material["control"] = controls.material(control)
+    desc = engine.describe()
+    forcing = getattr(getattr(engine, "capabilities", None), "decode_logits_processor", "")  # (stand-ins have none)
+    if path == "decode":
+        kept = {"kept": kept, "path": "decode"} if kind == "hidden" else {**kept, "path": "decode"}
+    elif forcing and forcing in ((desc.get("engine_args") or {}).get("logits_processors") or []):
+        # the forcing processor changes nothing a prefill computes: such results are shared with prefill-only runs
+        args = {k: v for k, v in desc["engine_args"].items() if k != "logits_processors"}
+        rest = [x for x in desc["engine_args"]["logits_processors"] if x != forcing]
+        desc = {**desc, "engine_args": {**args, **({"logits_processors": rest} if rest else {})}}
+    material = arm_material(cfg, kv, desc, {"divergence_schema": SCHEMA, "kept": kept}, kv_d=kv_d,
+                            dtype=(kv_d.get("engine_args") or {}).get("dtype"), control=control)
     return fingerprint_hash(material), material
 
 
@@ -92,11 +88,16 @@ class ArmCache:
         tmp.replace(self.path(p))  # whole or absent: a killed run never leaves half a result
 
 
-def _engine_cfg(cfg):
-    """vLLM returns at most max_logprobs (default 20) log-probs per position: raise it to topk."""
-    if resolve_kind(cfg) == "vllm" and int(cfg.divergence.topk) > 20:
+def engine_cfg(cfg):
+    """The run config with room for `divergence.topk` log-probs per position where the engine caps them (vLLM's
+    max_logprobs, 20 by default: fp8eval.engines.with_topk), and, for the decode path, the logits processor the engine
+    forces a passage with (its capabilities' decode_logits_processor) among the engine args it starts with."""
+    cfg = with_topk(cfg, int(cfg.divergence.topk))
+    forcing = capabilities(cfg).decode_logits_processor
+    if forcing and "decode" in P.paths_of(str(getattr(cfg.divergence, "path", "prefill"))):
         args = dict(cfg.engine.engine_args)
-        args.setdefault("max_logprobs", int(cfg.divergence.topk))
+        procs = [str(x) for x in (args.get("logits_processors") or [])]
+        args["logits_processors"] = procs if forcing in procs else [*procs, forcing]
         cfg.engine.engine_args = args
     return cfg
 
@@ -107,22 +108,21 @@ def _topk_measures(base_ids, base_lp, var_ids, var_lp):
     return kl, M.top1_from_topk(*args), M.dlogp_from_topk(*args), n_shared
 
 
-def _measures(base: dict, var: dict, ref_engine, n_pos: int, topk: int):
-    """Per-position (kl, top1, dlogp, n_shared or None) over positions 0..n_pos-1; for the reference engine
-    also the same measures from each arm's top-k only (what vLLM's prompt_logprobs would have given), so
-    an emulation can be set against the real kernel on the same footing."""
+def position_measures(base: dict, var: dict, probe, n_pos: int, topk: int):
+    """Per-position (kl, top1, dlogp, n_shared or None) over positions 0..n_pos-1; for hidden states (`probe`: the
+    engine's probe that made them, `engine.probe()`) also the same measures from each arm's top-k only (what
+    vLLM's prompt_logprobs would have given), so an emulation can be set against the real kernel on the same
+    footing."""
     if "hidden" not in base:
         n = n_pos
         return _topk_measures(base["ids"][:n], base["logprobs"][:n], var["ids"][:n], var["logprobs"][:n]), None
     import torch
 
-    ref_engine._load()  # a fully resumed run has not loaded the model yet
-    vocab = ref_engine._model.get_output_embeddings().weight.shape[0]
-    step = max(16, (1 << 24) // vocab)  # ~16M logits a slice per arm
+    step = max(16, (1 << 24) // probe.vocab_size)  # ~16M logits a slice per arm
     exact, approx = [], []
     for s in range(0, n_pos, step):
-        lb = sources.logits_from_hidden(ref_engine, base["hidden"][s:min(s + step, n_pos)])
-        lv = sources.logits_from_hidden(ref_engine, var["hidden"][s:min(s + step, n_pos)])
+        lb = probe.logits(base["hidden"][s:min(s + step, n_pos)])
+        lv = probe.logits(var["hidden"][s:min(s + step, n_pos)])
         exact.append((M.kl_from_logits(lb, lv), M.top1_from_logits(lb, lv), M.dlogp_from_logits(lb, lv)))
         tb = torch.log_softmax(lb.double(), -1).topk(topk, dim=-1)
         tv = torch.log_softmax(lv.double(), -1).topk(topk, dim=-1)
@@ -135,61 +135,62 @@ def _measures(base: dict, var: dict, ref_engine, n_pos: int, topk: int):
 def _arms(cfg, out) -> tuple[list, dict | None]:
     """[baseline, variant(, control)] as ArmSpecs (one arm when the variant is the baseline), and the control's
     summary block. A BF16 variant whose engine args differ from the baseline's stays a second arm."""
-    arms = resolve_arms(cfg)
+    arms = resolve_arms(cfg, control=True)
     if len(arms) == 1:
         arms = [arms[0], arms[0]]  # the variant compared with itself (KL 0): one arm computed once
-    control = controls.control_of(cfg)
-    if control is None:
-        return arms, None
-    arms = controls.with_control_arm(cfg, arms)
-    kind = resolve_kind(cfg)
-    effects = controls.knob_effects(cfg, kind, arms[0], control, {"temperature": 0.0}, 1)
-    for r in effects:  # prefill only: a batch cap matters only when passages go to vLLM together
-        if r["knob"] == "engine_args.max_num_seqs" and int(cfg.divergence.batch) <= 1:
-            r.update(effective=False, why="passages are prefilled one at a time (divergence.batch=1)")
-        if r["knob"] == "seed_offset":
-            r.update(effective=False, why="prefill only: nothing is sampled")
-    effective = controls.check_effective(control, kind, effects)
-    if not effective:
-        out(f"note: control={control.name} changes nothing on the {kind} engine here (control.allow_inert=true)")
-    return arms, controls.describe(control, kind, effects, effective)
+
+    decode_only = P.paths_of(str(cfg.divergence.path)) == ["decode"]
+
+    def prefill_only(effects: list[dict]) -> None:  # this wing's own knob rules
+        for r in effects:  # a batch cap matters only when passages go to the engine together
+            if decode_only and r["knob"] in CHUNK_KNOBS:
+                r.update(effective=False, why="divergence.path=decode: one token is prefilled, the rest are decode steps")
+            if r["knob"] == "engine_args.max_num_seqs" and int(cfg.divergence.batch) <= 1:
+                r.update(effective=False, why="passages are prefilled one at a time (divergence.batch=1)")
+            if r["knob"] == "seed_offset":
+                r.update(effective=False, why="nothing is sampled (prefill, or decode steps forced to the passage)")
+
+    return arms, controls.preflight(cfg, arms, {"temperature": 0.0}, 1, prefill_only, out)
 
 
-def _compute_arm(cfg, engine, arm, docs, records: Path, out) -> tuple[dict, dict, str]:
-    """Every passage through one arm, from its cache where kept: ({passage key: result}, arm info, kind)."""
+def _compute_arm(cfg, engine, arm, docs, records: Path, out, path: str = "prefill") -> tuple[dict, dict, str]:
+    """Every passage through one arm on one kernel path, from its cache where kept: ({passage key: result}, arm info,
+    kind). With divergence.path=both, a top-k result kept without the tokens' own log-probs is computed again."""
     kind = sources.source_kind(engine)
     control = controls.control_of(cfg) if arm.role == controls.ROLE else None
-    fp, material = arm_fingerprint(cfg, engine, arm, kind, control)
+    fp, material = arm_fingerprint(cfg, engine, arm, kind, control, path)
     cache = ArmCache(records, fp, material)
     got = {p.key: cache.load(p) for p in docs}
-    todo = [p for p in docs if got[p.key] is None]
-    batch = max(1, int(cfg.divergence.batch)) if kind == "topk" and hasattr(engine, "prompt_logprobs_many") else 1
+    need_own = kind == "topk" and str(cfg.divergence.path) == "both"  # the path gap reads each token's own log-prob
+    todo = [p for p in docs if got[p.key] is None or (need_own and "token_logprobs" not in got[p.key])]
+    batch = max(1, int(cfg.divergence.batch)) if kind == "topk" else 1
     for i in range(0, len(todo), batch):
         part = todo[i:i + batch]
         t = time.perf_counter()
-        if len(part) == 1:
-            results = [sources.compute(engine, part[0].ids, int(cfg.divergence.topk))]
+        if kind == "hidden":
+            results = [sources.compute(engine, part[0].ids, int(cfg.divergence.topk), path)]
         else:
-            results = [{"ids": np.asarray(a, dtype=np.int64), "logprobs": np.asarray(b, dtype=np.float32)}
-                       for a, b in engine.prompt_logprobs_many([list(p.ids) for p in part], int(cfg.divergence.topk))]
+            rows = sources.topk_rows(engine, path)([list(p.ids) for p in part], int(cfg.divergence.topk))
+            results = [sources.topk_result(r) for r in rows]
         for p, r in zip(part, results):
             cache.save(p, r)
             got[p.key] = r
-        out(f"{arm.name}: {len(part)} passage(s), {sum(p.length for p in part)} tokens in {time.perf_counter() - t:.1f} s")
+        out(f"{arm.name} ({path}): {len(part)} passage(s), {sum(p.length for p in part)} tokens in "
+            f"{time.perf_counter() - t:.1f} s")
     info = {"fingerprint": fp, "cache": str(cache.dir), "passages_computed": len(todo),
-            "passages_reused": len(docs) - len(todo)}
-    if hasattr(engine, "preflight"):
+            "passages_reused": len(docs) - len(todo), "path": path}
+    if engine.preflight is not None:
         info["preflight"] = engine.preflight
     return got, info, kind
 
 
-def _compare(docs, base: dict, var: dict, ref_engine, edges, topk: int) -> dict:
+def _compare(docs, base: dict, var: dict, probe, edges, topk: int) -> dict:
     """The measures of one arm against the baseline over every passage: buckets, overall, by length, top-k view."""
     overall, by_length, topk_view = M.BucketAccumulator(edges=edges), {}, M.BucketAccumulator(edges=edges)
     shared_counts = []
     for p in docs:
         n_pos = p.length - 1  # the distribution after the last token predicts nothing in the passage
-        main, approx = _measures(base[p.key], var[p.key], ref_engine, n_pos, topk)
+        main, approx = position_measures(base[p.key], var[p.key], probe, n_pos, topk)
         kl, top1, dlogp, n_shared = main
         pos = np.arange(n_pos)
         overall.add(pos, kl, top1, dlogp)
@@ -214,11 +215,13 @@ def _ratio(a, b):
 
 
 def run(cfg, run_dir: Path, out=print) -> dict:
-    """Prefill every passage through the variant, the baseline (and a control) arm, compare, write divergence.json."""
+    """Every passage through the variant, the baseline (and a control) arm on the kernel path(s) divergence.path names,
+    compare, write divergence.json."""
     from fp8eval.bounds import DIVERGENCE_RULES, check_names, check_numbers
 
     check_numbers(cfg, DIVERGENCE_RULES)  # before any engine is opened
     check_names(cfg, ("model.name", "kv.name"))
+    P.paths_of(str(cfg.divergence.path))  # an unknown path fails here, before any engine is opened
     with open_engines(cfg) as door:  # the reference engine's model stays loaded for the measures
         return _run(cfg, run_dir, door, out)
 
@@ -228,7 +231,7 @@ def _run(cfg, run_dir: Path, door: ArmEngines, out) -> dict:
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     dcfg = cfg.divergence
-    cfg = _engine_cfg(cfg)
+    cfg = engine_cfg(cfg)
     records = Path(cfg.records_dir).expanduser()
     records = records if records.is_absolute() else Path.cwd() / records
     arms, control_info = _arms(cfg, out)
@@ -250,7 +253,8 @@ def _run(cfg, run_dir: Path, door: ArmEngines, out) -> dict:
         docs += own
     if not docs:
         raise ValueError("divergence: no passage to measure (divergence.documents=0 and no divergence.texts)")
-    data: dict[str, dict[str, dict]] = {}
+    paths, first = P.paths_of(str(dcfg.path)), P.primary(str(dcfg.path))
+    data: dict[str, dict[str, dict[str, dict]]] = {p: {} for p in paths}
     arm_info: dict[str, dict] = {}
     ref_engine = None
     kind = None
@@ -260,7 +264,12 @@ def _run(cfg, run_dir: Path, door: ArmEngines, out) -> dict:
         engine = door.open(arm)
         kind = None
         try:
-            data[arm.name], arm_info[arm.name], kind = _compute_arm(cfg, engine, arm, docs, records, out)
+            infos = {}
+            for path in paths:
+                data[path][arm.name], infos[path], kind = _compute_arm(cfg, engine, arm, docs, records, out, path)
+            arm_info[arm.name] = infos[first]
+            if len(paths) == 2:
+                arm_info[arm.name]["other_path"] = infos["prefill"]
         finally:
             if kind == "hidden":
                 ref_engine = engine  # keeps the shared model for lm_head (closed with the door)
@@ -268,9 +277,18 @@ def _run(cfg, run_dir: Path, door: ArmEngines, out) -> dict:
                 door.close(engine)
     edges = tuple(int(e) for e in dcfg.edges)
     topk = int(dcfg.topk)
-    main = _compare(docs, data[base_arm.name], data[var_arm.name], ref_engine, edges, topk)
+    probe_of = ref_engine.probe() if ref_engine is not None else contextlib.nullcontext()
+    with probe_of as probe:  # the engine that made hidden states turns them into logits
+        main = _compare(docs, data[first][base_arm.name], data[first][var_arm.name], probe, edges, topk)
+        floor = (_compare(docs, data[first][base_arm.name], data[first][arms[2].name], probe, edges, topk)
+                 if control_info is not None else None)
+        if len(paths) == 2:  # both paths' KL per bucket, and each arm's path gap (the BF16 arm's is the floor)
+            other = _compare(docs, data["prefill"][base_arm.name], data["prefill"][var_arm.name], probe, edges, topk)
+            gaps = {name: P.path_gap(docs, data["prefill"][name], data["decode"][name], probe, edges)
+                    for name in dict.fromkeys(a.name for a in arms)}
     result = {
         "model": cfg.model.name, "kv": var_arm.name, "baseline": base_arm.name, "engine": resolve_kind(cfg),
+        "path": str(dcfg.path), "kernel_path": first,
         "method": "exact_full_vocabulary" if kind == "hidden" else "topk_shared_renormalised",
         "topk": None if kind == "hidden" else topk,
         "approximation": EXACT_NOTE if kind == "hidden" else TOPK_NOTE,
@@ -285,8 +303,11 @@ def _run(cfg, run_dir: Path, door: ArmEngines, out) -> dict:
     for key in ("topk_shared_mean", "topk_view"):
         if key in main:
             result[key] = main[key]
+    if len(paths) == 2:
+        keep = ("buckets", "overall", "by_length", "topk_view")
+        result["paths"] = {first: {k: main[k] for k in keep if k in main}, "prefill": {k: other[k] for k in keep if k in other}}
+        result["path_gap"] = gaps
     if control_info is not None:  # the noise floor: the control arm against the same baseline
-        floor = _compare(docs, data[base_arm.name], data[arms[2].name], ref_engine, edges, topk)
         floor.pop("topk_shared_mean", None)
         ratio = {b: _ratio(v["kl_mean"], (floor["buckets"].get(b) or {}).get("kl_mean"))
                  for b, v in result["buckets"].items()}
@@ -311,7 +332,8 @@ def _run(cfg, run_dir: Path, door: ArmEngines, out) -> dict:
 def format_table(result: dict) -> str:
     """The per-bucket table printed at the end of a run (with the control's KL, the noise floor, beside it)."""
     floor = result.get("noise_floor")
-    head = f"{result['model']} {result['engine']}: {result['kv']} vs {result['baseline']} ({result['method']})"
+    head = (f"{result['model']} {result['engine']}: {result['kv']} vs {result['baseline']} ({result['method']}, "
+            f"{result.get('kernel_path', 'prefill')} path)")
     cols = f"{'bucket':>10} {'n':>7} {'KL':>10} {'top1':>7} {'|dlogp|':>9}"
     lines = [head, cols + (f" {'KL floor':>10} {'top1 fl':>7} {'KL/floor':>9}" if floor else "")]
     fmt = lambda x, f: "-" if x is None else format(x, f)  # noqa: E731
@@ -327,4 +349,9 @@ def format_table(result: dict) -> str:
         lines.append(f"noise floor: {floor['arm']} ({floor.get('description') or floor['name']}) vs {result['baseline']}"
                      + ("; INERT on this engine" if floor.get("inert") else ""))
         lines += [f"  {r['knob']}={r['value']}: no effect here ({r['why']})" for r in floor["knobs"] if not r["effective"]]
-    return "\n".join(lines)
+    if "paths" in result:
+        pre = result["paths"]["prefill"]
+        lines.append("prefill path (the table above is the decode path):")
+        lines += [f"{label:>10} {b['n_tokens']:>7} {fmt(b['kl_mean'], '.3e'):>10} {fmt(b['top1_agree'], '.3f'):>7} "
+                  f"{fmt(b['dlogp_mean'], '.3e'):>9}" for label, b in [*pre["buckets"].items(), ("overall", pre["overall"])]]
+    return "\n".join(lines + P.format_gaps(result))

@@ -5,11 +5,12 @@ from __future__ import annotations
 import importlib
 
 from fp8eval.config import RunConfig
-from fp8eval.engines.base import Engine, EngineError
+from fp8eval.engines.base import Capabilities, Engine, EngineError
 from fp8eval.engines.spec import ArmSpec
 
-# kind -> "module:Class"; imported only when that kind is used (vLLM and torch are heavy).
-ENGINES: dict[str, str] = {
+# kind -> "module:Class" (imported only when that kind is used: vLLM and torch are heavy), or the class itself (an
+# engine registered at run time, e.g. by a test). What a kind can do is its class's `capabilities`.
+ENGINES: dict[str, object] = {
     "fake": "fp8eval.engines.fake:FakeEngine",
     "reference": "fp8eval.engines.reference:ReferenceEngine",
     "vllm": "fp8eval.engines.vllm_offline:VLLMOfflineEngine",
@@ -62,11 +63,81 @@ def build_engine(cfg: RunConfig, arm: ArmSpec, shared: dict | None = None, kind:
         raise TypeError(f"build_engine takes an ArmSpec, not {type(arm).__name__}: make one with "
                         "fp8eval.arms.arm_spec(cfg, kv) or fp8eval.arms.resolve_arms(cfg)")
     kind = kind or resolve_kind(cfg)
+    cls = engine_class(kind)
+    _say_format_notes(kind, arm)
+    return cls(arm_config(cfg, arm), arm, shared)
+
+
+def engine_class(kind: str):
+    """The class (or factory) that builds engines of `kind`; EngineError naming the valid kinds for another."""
     if kind not in ENGINES:
         raise EngineError(f"unknown engine kind {kind!r}; valid: auto, {', '.join(sorted(ENGINES))}")
-    module, _, cls = ENGINES[kind].partition(":")
-    _say_format_notes(kind, arm)
-    return getattr(importlib.import_module(module), cls)(arm_config(cfg, arm), arm, shared)
+    target = ENGINES[kind]
+    if not isinstance(target, str):
+        return target
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def capabilities(cfg: RunConfig, kind: str | None = None) -> Capabilities:
+    """What the run's engine kind (`kind`, else `engine.kind` with `auto` resolved) can do, before it starts."""
+    return engine_class(kind or resolve_kind(cfg)).capabilities
+
+
+def with_prefill_chunk(cfg: RunConfig, chunk: int | None, kind: str | None = None):
+    """The engine group with prefills cut into `chunk` tokens, the way the engine kind chunks them (its
+    `capabilities.prefill_chunking`); the group unchanged for chunk None or an engine that does not chunk."""
+    import dataclasses
+
+    how = capabilities(cfg, kind).prefill_chunking if chunk is not None else "none"
+    e = dataclasses.replace(cfg.engine, engine_args=dict(cfg.engine.engine_args))
+    if how == "engine":
+        e.prefill_chunk = int(chunk)
+    elif how == "scheduler":  # vLLM's scheduler budget: a prefill is cut at max_num_batched_tokens
+        e.engine_args.update({"max_num_batched_tokens": int(chunk), "max_num_seqs": min(int(chunk), 128),
+                              "enable_chunked_prefill": True})
+    return e if how != "none" else cfg.engine
+
+
+def with_topk(cfg: RunConfig, topk: int, kind: str | None = None) -> RunConfig:
+    """The run config with the engine arg that caps per-position top-k raised to `topk` where the kind has one
+    (vLLM's `max_logprobs`, 20 by default); the config itself otherwise (changed in place, as before)."""
+    limit = capabilities(cfg, kind).topk_limit
+    if limit is not None and int(topk) > limit[1]:
+        args = dict(cfg.engine.engine_args)
+        args.setdefault(limit[0], int(topk))
+        cfg.engine.engine_args = args
+    return cfg
+
+
+def _early_kind(cfg: RunConfig, kind: str | None) -> str | None:
+    """The arm's engine kind (`auto` resolved: vLLM on a GPU box), when it has a tokenizer-only worker
+    (`capabilities.early_counter`)."""
+    try:
+        kind = kind or resolve_kind(cfg)
+    except EngineError:  # the engine's own build says why
+        return None
+    return kind if kind in ENGINES and engine_class(kind).capabilities.early_counter else None
+
+
+def prepare_early_counter(cfg: RunConfig, arm: ArmSpec, kind: str | None = None) -> bool:
+    """The arm's model made loadable for the early worker (an embedded GGUF converted once: work of the engine's
+    start-up); False when the preparation fails (the engine then says why), True otherwise (also when the kind has
+    no early worker: nothing to prepare)."""
+    kind = _early_kind(cfg, kind)
+    if kind is None:
+        return True
+    try:
+        worker = _early_worker(kind)
+        worker.prepare(arm_config(cfg, arm), arm)
+        return True
+    except Exception:  # noqa: BLE001 - the engine's own start says what is wrong
+        return False
+
+
+def _early_worker(kind: str):
+    module, _, name = engine_class(kind).capabilities.early_counter.partition(":")
+    return getattr(importlib.import_module(module), name)
 
 
 def prestart(cfg: RunConfig, arms: list[ArmSpec], shared: dict, kind: str | None = None) -> dict | None:
@@ -76,11 +147,7 @@ def prestart(cfg: RunConfig, arms: list[ArmSpec], shared: dict, kind: str | None
     kind = kind or resolve_kind(cfg)
     if kind not in ENGINES or len(arms) < 2:
         return None
-    module, _, cls = ENGINES[kind].partition(":")
-    start_all = getattr(getattr(importlib.import_module(module), cls), "prestart", None)  # optional
-    if start_all is None:
-        return None
-    return start_all([(arm_config(cfg, arm), arm) for arm in arms], shared)
+    return engine_class(kind).prestart([(arm_config(cfg, arm), arm) for arm in arms], shared)
 
 
 def discard_prestarted(shared: dict) -> None:
@@ -91,13 +158,13 @@ def discard_prestarted(shared: dict) -> None:
 
 def start_early_counter(cfg: RunConfig, arm: ArmSpec, kind: str | None = None):
     """A tokenizer-only worker for the arm's engine, started now so that planning can count prompt tokens while
-    the engine starts (fp8eval.engines.vllm.early), where the engine has one (`vllm`, named explicitly); else,
-    or if it cannot start, None (planning then waits for the engine, as before)."""
-    if (kind or cfg.engine.kind) != "vllm":
+    the engine starts, where the engine kind (`auto` resolved) has one (`capabilities.early_counter`);
+    else, or if it cannot start, None (planning then waits for the engine, as before)."""
+    kind = _early_kind(cfg, kind)
+    if kind is None:
         return None
     try:  # imported by name, as the engines are (ENGINES)
-        worker = importlib.import_module("fp8eval.engines.vllm.early").TokenizerWorker
-        return worker(arm_config(cfg, arm), arm, None)
+        return _early_worker(kind)(arm_config(cfg, arm), arm, None)
     except Exception:  # noqa: BLE001 - an optimisation only: the engine counts instead
         return None
 

@@ -32,6 +32,9 @@ prints, to be set against the hardware's (`python -m fp8eval.probe` on a GPU wit
 
 from __future__ import annotations
 
+import math
+
+import numpy as np
 import torch
 
 from fp8eval.config import ACCUMULATION_MODES, ATTENTION_MODES
@@ -69,6 +72,62 @@ def fa3_block_n(head_dim: int, sliding: bool = False) -> int:
     if head_dim <= 192:
         return 128 if sliding else 160
     return 64 if sliding else 128
+
+
+# FA3's decode path (vllm-project/flash-attention, hopper/, read at 28e862d, the FA pin of vLLM's July 2026 tree; the
+# decode tiles are the same at 7d346be, January 2026): a batch whose rows (query tokens x query heads per KV head) fit
+# one 64-row warpgroup runs the "one MMA warpgroup" FP8 tiles (heuristics.h lines 10-13 `use_one_mma_wg`: sm90,
+# head_dim 64 or 128, not local, seqlen_q * (h / h_k) <= 64; tile_size.h lines 55-61, "Decode tiles": kBlockN 128 for
+# head_dim <= 96, else 96), not the prefill tiles of fa3_block_n. A decode step also splits the keys (split-KV): the
+# static count from get_num_splits (flash_api.cpp lines 468-498, heuristics.h lines 32-64), the dynamic one from
+# flash_prepare_scheduler.cu lines 159-161, ceil(n_blocks / splits) blocks a split (block.h line 59); each split runs
+# the online softmax over its own blocks with its own running max, and the combine kernel weighs the splits' FP32
+# outputs by exp(lse_i - logsumexp) (flash_fwd_combine_kernel.h lines 582-606).
+FA3_DECODE_ROWS = 64  # rows of one MMA warpgroup (kBlockM of the decode tiles)
+FA3_NUM_SM = 132  # SMs of an H100 / H200 SXM: FA3's split heuristics spread the work over them
+FA3_MAX_SPLITS = 128  # the cap get_num_splits passes (hopper/flash_api.cpp)
+
+
+def fa3_decode_block_n(head_dim: int, rows: int, sliding: bool = False) -> int | None:
+    """kBlockN of FA3's FP8 decode tiles when a batch of `rows` query rows per KV head runs them, else None (the
+    prefill tiles, fa3_block_n): hopper/heuristics.h `use_one_mma_wg`, hopper/tile_size.h's FP8 decode branch."""
+    if sliding or head_dim not in (64, 128) or rows > FA3_DECODE_ROWS:
+        return None
+    return 128 if head_dim <= 96 else 96
+
+
+def _splits_heuristic(total_mblocks: int, num_sm: int, n_blocks: int, max_splits: int = FA3_MAX_SPLITS) -> int:
+    """hopper/heuristics.h `num_splits_heuristic` (short rows: the L2 branch never applies to our sizes): the fewest
+    splits whose SM occupancy reaches 85 % of the best."""
+    if total_mblocks >= 0.8 * num_sm or n_blocks <= 4:
+        return 1
+    top = min(max_splits, num_sm, n_blocks)
+    eff = []
+    for s in range(1, top + 1):
+        waves = float(np.float32(total_mblocks * s) / np.float32(num_sm))
+        eff.append(waves / math.ceil(waves))
+    best = max(eff)
+    return next(s for s in range(1, top + 1) if eff[s - 1] >= 0.85 * best)
+
+
+def fa3_num_splits(n_blocks: int, kv_heads: int, batch: int = 1, num_sm: int = FA3_NUM_SM) -> int:
+    """How many splits FA3 gives one decode row of `n_blocks` key blocks, in a decode batch of `batch` sequences of
+    that length, as vLLM runs it (AOT scheduler metadata, max_num_splits 0 in eager mode: vllm/v1/attention/backends/
+    flash_attn.py): the static bound from get_num_splits (hopper/flash_api.cpp, total_mblocks = h_k with dynamic
+    splits), then hopper/flash_prepare_scheduler.cu's dynamic count, blocks_per_sm = ceil(total_blocks * 1.1 * h_k /
+    num_sm), splits = clamp(ceil(n_blocks / blocks_per_sm), 1, static)."""
+    static = _splits_heuristic(kv_heads, num_sm, n_blocks)
+    if static <= 1:
+        return 1
+    per_sm = math.ceil(float(np.float32(batch * n_blocks) * np.float32(1.1) * np.float32(kv_heads) / np.float32(num_sm)))
+    return max(min(-(-n_blocks // max(per_sm, 1)), static), 1)
+
+
+def split_ranges(n_keys: int, block_n: int, splits: int) -> list[tuple[int, int]]:
+    """The key ranges [start, end) of each non-empty split (hopper/block.h: ceil(n_blocks / splits) blocks each)."""
+    n_blocks = -(-n_keys // block_n)
+    per = -(-n_blocks // max(1, splits))
+    return [(b * block_n, min((b + per) * block_n, n_keys)) for b in range(0, n_blocks, per)]
 
 
 def truncating_add(acc: torch.Tensor, part: torch.Tensor, bits: int = FAST_ACC_BITS) -> torch.Tensor:
@@ -145,9 +204,10 @@ def _to_fp8_in_place(x: torch.Tensor, fmt: str, scratch: torch.Tensor | None = N
     return x.add_(cf).sub_(cf)
 
 
-def _fa3_rows(s, v, fmt, block_n, accumulation, scratch=None):
+def _fa3_rows(s, v, fmt, block_n, accumulation, scratch=None, lse=False):
     """FA3's FP8 forward for scores s [.., rows, Lk] (from the FP8-rounded Q, masked, float32, contiguous;
-    overwritten). Returns float32 [.., rows, Dv]."""
+    overwritten). Returns float32 [.., rows, Dv]; with `lse`, also each row's log-sum-exp [.., rows] (up to the
+    constant 8 log 2 every split shares), what the split-KV combine weighs the splits by."""
     lk = s.shape[-1]
     full = lk // block_n
     sf = s[..., :full * block_n].unflatten(-1, (full, block_n)) if full else None
@@ -176,7 +236,26 @@ def _fa3_rows(s, v, fmt, block_n, accumulation, scratch=None):
     # The key order matters only to the reduced-precision accumulations; exact P.V does not build it.
     order = _fa3_key_order(lk, block_n, s.device) if accumulation != "exact" else None
     num = _pv(s, v, accumulation, order=order)
-    return num / row_sum.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(-1)
+    out = num / row_sum.clamp_min(torch.finfo(torch.float32).tiny).unsqueeze(-1)
+    if lse:
+        return out, final[..., 0] + row_sum.log()
+    return out
+
+
+def _fa3_split_rows(s, v, fmt, block_n, accumulation, splits, scratch=None):
+    """FA3's split-KV decode: each split's keys through _fa3_rows with its own running max (all splits at once, the
+    last one padded with invisible keys), the splits' FP32 outputs combined by their log-sum-exps
+    (hopper/flash_fwd_combine_kernel.h: scale_i = exp(lse_i - logsumexp(lse)))."""
+    lk = s.shape[-1]
+    ranges = split_ranges(lk, block_n, splits)
+    if len(ranges) == 1:
+        return _fa3_rows(s, v, fmt, block_n, accumulation, scratch)
+    ns, span = len(ranges), ranges[0][1] - ranges[0][0]
+    pad = ns * span - lk
+    sp = torch.nn.functional.pad(s, (0, pad), value=float("-inf")).unflatten(-1, (ns, span)).transpose(-2, -3)
+    vp = torch.nn.functional.pad(v, (0, 0, 0, pad)).unflatten(-2, (ns, span))  # [.., splits, keys, D]
+    o, lse = _fa3_rows(sp.contiguous(), vp, fmt, block_n, accumulation, lse=True)  # [.., splits, rows, D], [.., splits, rows]
+    return (torch.softmax(lse, dim=-2).unsqueeze(-1) * o).sum(-3)
 
 
 def _exp_in_place(s: torch.Tensor) -> torch.Tensor:
@@ -302,6 +381,8 @@ def emulated_attention(query, key, value, attention_mask, scaling: float, *, mod
     room = b * kvh * groups * min(rows, lq) * lk
     s_room = torch.empty(room, dtype=torch.float32, device=q.device)
     scratch = torch.empty(room, dtype=torch.int32, device=q.device) if mode == "fa3_fp8" else None
+    # FA3 picks its tiles per batch from the rows a KV head's query heads make (lq * groups): few rows, decode tiles.
+    decode_n = fa3_decode_block_n(d, lq * groups, sliding) if mode == "fa3_fp8" else None
     for r0 in range(0, lq, rows):
         n = min(rows, lq - r0)
         qs = q[:, :, r0:r0 + n].reshape(b, kvh, groups * n, d)
@@ -322,8 +403,11 @@ def emulated_attention(query, key, value, attention_mask, scaling: float, *, mod
             s.view(b, kvh, groups, n, end)[..., end - n:].masked_fill_(_upper_triangle(n, q.device), float("-inf"))
         else:
             _mask_in_place(s.view(b, kvh, groups, n, end), ms, kvh, groups)
-        if mode == "fa3_fp8":
-            o = _fa3_rows(s, vs, fmt, fa3_block_n(d, sliding), accumulation, scratch)
+        if mode == "fa3_fp8" and lq == 1 and not sliding:  # a decode step: the decode tiles where FA3 takes them, split-KV
+            bn = decode_n or fa3_block_n(d, sliding)
+            o = _fa3_split_rows(s, vs, fmt, bn, accumulation, fa3_num_splits(-(-end // bn), kvh, b), scratch)
+        elif mode == "fa3_fp8":
+            o = _fa3_rows(s, vs, fmt, decode_n or fa3_block_n(d, sliding), accumulation, scratch)
         elif mode == "qp_unit_scale":
             o = _unit_scale_rows(s, vs, fmt, accumulation)
         else:

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 from fp8eval.config import RunConfig
-from fp8eval.engines.base import Choice, Completion, EngineError, Request
+from fp8eval.engines.base import Capabilities, Choice, Completion, EngineBase, EngineError, Request
 from fp8eval.engines.spec import ArmSpec
 
 
@@ -56,8 +56,12 @@ def rule_needle(req: Request, i: int) -> str:
 RULES: dict[str, Callable[[Request, int], str]] = {"echo": rule_echo, "needle": rule_needle}
 
 
-class FakeEngine:
+class FakeEngine(EngineBase):
     kind = "fake"
+    capabilities = Capabilities(
+        loglikelihood=True, teacher_force=True, follows_sampling=False,  # scripted answers: sampling is ignored
+        honoured_args=(("fake_noise", "positive", "the fake engine flips that share of answers"),),
+        seed_args=("fake_noise",), control_hint="control=noise")
 
     def __init__(self, cfg: RunConfig, arm: ArmSpec, shared: dict | None = None):
         self.cfg = cfg

@@ -23,11 +23,11 @@ def send(engine, requests: Sequence[Request]) -> Iterator[Completion]:
     """Generation requests to engine.generate, scoring requests to engine.loglikelihood."""
     scoring = [r for r in requests if r.logprob_pairs]
     generating = [r for r in requests if not r.logprob_pairs]
-    if scoring and not callable(getattr(engine, "loglikelihood", None)):
+    if scoring and not engine.capabilities.loglikelihood:
         raise EngineError(
-            f"engine {getattr(engine, 'kind', type(engine).__name__)!r} cannot score loglikelihood requests "
-            f"({len(scoring)} of this task's requests are loglikelihood / multiple-choice); run them with "
-            f"engine=reference, engine=vllm or engine=server, or choose generate_until tasks only.")
+            f"engine {engine.kind!r} cannot score loglikelihood requests ({len(scoring)} of this task's requests "
+            f"are loglikelihood / multiple-choice); run them with engine=reference, engine=vllm or engine=server, or "
+            f"choose generate_until tasks only.")
     streams = []
     if generating:
         streams.append(engine.generate(generating))

@@ -32,7 +32,7 @@ from typing import Any
 from fp8eval.config import RunConfig
 from fp8eval.core.secrets import redact
 from fp8eval.engines import async_bridge
-from fp8eval.engines.base import Completion, EngineError, Request
+from fp8eval.engines.base import Completion, EngineBase, EngineError, Request
 from fp8eval.engines.server import ServerEngine
 from fp8eval.engines.server.answers import BadAnswer
 from fp8eval.engines.server.client import (
@@ -44,6 +44,7 @@ from fp8eval.engines.server.client import (
 )
 from fp8eval.engines.server.client import short_error as _short
 from fp8eval.engines.spec import ArmSpec
+from fp8eval.engines.vllm import args as vargs
 from fp8eval.engines.vllm import stats as vstats
 
 # Preflight fields every replica must share (cache_config is compared label by label).
@@ -108,6 +109,12 @@ def odd_replicas(identities: list[dict]) -> list[tuple[int, list[str]]]:
     return sorted(odd.items())
 
 
+build_server_engine.capabilities = vargs.SERVER_CAPABILITIES  # type: ignore[attr-defined]  # what `server` can do
+# Kept-alive managed servers start side by side (engine.keep_alive); a pool of URLs starts nothing.
+build_server_engine.prestart = ServerEngine.prestart  # type: ignore[attr-defined]
+build_server_engine.effective_engine_args = ServerEngine.effective_engine_args  # type: ignore[attr-defined]
+
+
 @dataclasses.dataclass
 class Replica:
     index: int
@@ -121,10 +128,11 @@ class Replica:
     ejected: bool = False
 
 
-class PoolEngine:
+class PoolEngine(EngineBase):
     """Several external servers of one arm behind the Engine protocol (see the module docstring)."""
 
     kind = "server"
+    capabilities = vargs.SERVER_CAPABILITIES
 
     def __init__(self, cfg: RunConfig, kv: ArmSpec, urls: list[str], shared: dict | None = None):
         self.cfg = cfg

@@ -21,8 +21,8 @@ from fp8eval.config import (
     emulation_in_effect,
 )
 from fp8eval.core.hub import known_offline_reason
-from fp8eval.core.progress import quiet_third_party, stage
-from fp8eval.engines.base import Choice, Completion, EngineError, Request
+from fp8eval.core.progress import stage
+from fp8eval.engines.base import Capabilities, Choice, Completion, EngineBase, EngineError, Request
 from fp8eval.engines.prompting import check_template_kwargs, plain_prompt_text
 from fp8eval.engines.spec import ArmSpec
 
@@ -36,8 +36,13 @@ def _version(pkg: str) -> str | None:
         return None
 
 
-class ReferenceEngine:
+class ReferenceEngine(EngineBase):
     kind = "reference"
+    capabilities = Capabilities(
+        distributions="hidden", switches_kv_policy=True, loglikelihood=True, teacher_force=True,
+        prefill_chunking="engine", engine_fields=("prefill_chunk",),
+        honoured_args=(("max_num_seqs", "batch_cap", "decodes a request's repeats in batches of at most max_num_seqs"),),
+        control_hint="control=chunk, or control=batch1 / control=seed with sampled repeats", decode_path="probe")
 
     def __init__(self, cfg: RunConfig, arm: ArmSpec, shared: dict | None = None):
         self.cfg = cfg
@@ -102,7 +107,10 @@ class ReferenceEngine:
                    "scale_strategy": self.kv.scale_strategy, "quantize_attention": self.kv.quantize_attention,
                    # only where they change a number: records made before these knobs keep their fingerprint
                    **emulation_in_effect({k: getattr(self.kv, k) for k in KV_EMULATION_DEFAULTS},
-                                         self.cache_dtype)},
+                                         self.cache_dtype),
+                   # FA3's decode tiles and split-KV in decode steps (issue 35): those arms' decode numbers changed
+                   **({"fa3_decode": "one_mma_wg_split_kv"} if self.kv.attention == "fa3_fp8" and not
+                      self.kv.quantize_attention and self.cache_dtype in ("fp8", "fp8_e4m3", "fp8_e5m2") else {})},
             "engine_args": dict(e.engine_args),
             # Reproducible CPU numerics (fp8eval/engines/cpu_numerics.py); absent on GPU, whose fingerprints stay.
             **({"cpu_numerics": _cpu_numerics()} if self._device_name() == "cpu" else {}),
@@ -149,7 +157,6 @@ class ReferenceEngine:
             if key not in self._shared:
                 from fp8eval.engines.hf_light import import_transformers
 
-                quiet_third_party()  # no nested bars in logs, no tokenizer noise (fp8eval.core.progress)
                 import_transformers()  # without scikit-learn: ~1.5 s less start-up
                 from transformers import AutoTokenizer
 
@@ -203,9 +210,7 @@ class ReferenceEngine:
             from transformers import AutoModelForCausalLM
 
             name = kvcache.register(lambda module: self._shared["active_policy"])
-            quiet_third_party()
-            with stage(f"loading {self.cfg.model.name} on {self._device_name()} (reference engine)",
-                       bool(getattr(self.cfg, "progress", True))):
+            with stage(f"loading {self.cfg.model.name} on {self._device_name()}", getattr(self.cfg, "progress", True)):
                 try:
                     model = AutoModelForCausalLM.from_pretrained(
                         self._model_dir(), revision=self.cfg.model.revision,
@@ -237,6 +242,19 @@ class ReferenceEngine:
         from fp8eval.engines.audit.live import audit_reference
 
         self.knob_audit = audit_reference(self)  # refuses (AuditError) a policy that is not what the arm asks
+
+    @property
+    def kv_policy(self):
+        """This arm's KV policy (`fp8eval.engines.kvcache.KVPolicy`), the model loaded first."""
+        self._load()
+        return self._policy
+
+    def probe(self, policy=None):
+        """The loaded model under `policy` (None: this arm's) as a context manager: per-position hidden states and
+        logits of a token sequence (`fp8eval.engines.reference_probe.Probe`)."""
+        from fp8eval.engines.reference_probe import open_probe
+
+        return open_probe(self, policy)
 
     def audit_now(self) -> dict:
         """Load the model (if not yet) and return the knob audit of this arm's KV policy."""
@@ -418,8 +436,8 @@ class ReferenceEngine:
 
     # --- teacher forcing (the anatomy of a flip, fp8eval.engines.forcing) -------------------------------
     def teacher_force(self, req: Request, forced_text: str, other_text: str) -> dict:
-        """The arm's logits after the prompt and the forced tokens before the parting position, as its generation
-        computes them: chunked prefill, then one decode step per token (fp8eval.engines.step_logits.forced_logits)."""
+        """The arm's logits after the prompt and the forced tokens before the parting position as its generation computes
+        them (chunked prefill, then decode steps: step_logits.forced_logits), and the prefill view of that position."""
         import torch
 
         from fp8eval.engines import forcing, step_logits
@@ -431,13 +449,13 @@ class ReferenceEngine:
         forced = tok(forced_text, add_special_tokens=False)["input_ids"]
         other = tok(other_text, add_special_tokens=False)["input_ids"]
         ids, p = forcing.forced_ids(forced, other, tok.eos_token_id)
-        row = None
+        row = prefill = None
         if p < len(ids):
-            logits = step_logits.forced_logits(self, req, prompt, ids[:p])
-            logp = torch.log_softmax(logits.float(), -1)
-            lp = float(logp[ids[p]])
-            row = {"logprob": lp, "rank": int((logp > logp[ids[p]]).sum()) + 1, "top1": int(logp.argmax())}
-        return forcing.answer(p, forced, other, row, lambda t: tok.decode([t]))
+            row = forcing.row_from_logits(step_logits.forced_logits(self, req, prompt, ids[:p]), ids[p])
+            with torch.inference_mode():  # the same position from one prefill of prompt + forced tokens (issue 35)
+                prefill = forcing.row_from_logits(self._prefill(prompt + ids[:p], len(prompt) + p, count=False)[1][0], ids[p])
+        return forcing.answer(p, forced, other, row, lambda t: tok.decode([t]), path="decode" if p else "prefill",
+                              prefill=prefill if p else None)
 
     def close(self) -> None:
         self._model = None

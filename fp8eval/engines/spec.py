@@ -5,9 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from omegaconf import OmegaConf
-
-from fp8eval.config import KVConfig, RunConfig
+from fp8eval.config import KVConfig, RunConfig, plain
 from fp8eval.engines.attention import validate as validate_backend
 
 
@@ -79,10 +77,10 @@ def merged_engine_args(cfg: RunConfig, kv: KVConfig) -> dict[str, Any]:
                             "tensor_parallel_size": m.tensor_parallel_size}
     if m.revision:
         args["revision"] = m.revision
-    model_args = _plain(m.engine_args)
+    model_args = plain(m.engine_args)
     if getattr(m, "dummy", False):  # the architecture's config.json already carries the model's hf_overrides
         model_args.pop("hf_overrides", None)
-    for layer in (model_args, _plain(kv.engine_args), _plain(cfg.engine.engine_args)):
+    for layer in (model_args, plain(kv.engine_args), plain(cfg.engine.engine_args)):
         args.update(layer)
     if getattr(cfg.engine, "attention_backend", None):  # its EngineArgs name; older vLLM: an env variable
         args["attention_backend"] = validate_backend(cfg.engine.attention_backend)
@@ -92,8 +90,3 @@ def merged_engine_args(cfg: RunConfig, kv: KVConfig) -> dict[str, Any]:
         args = dummy_engine_args(m, args)
     return args
 
-
-def _plain(node) -> dict:
-    if OmegaConf.is_config(node):
-        return OmegaConf.to_container(node, resolve=True)  # type: ignore[return-value]
-    return dict(node)

@@ -13,6 +13,7 @@ FP8 cache on a CPU without AVX-512, a missing vllm) fails before the runner open
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import sys
@@ -24,18 +25,19 @@ from typing import Any, Iterable, Iterator
 from fp8eval.config import RunConfig
 from fp8eval.engines import vllm_scoring
 from fp8eval.engines.audit import live as knob_live
-from fp8eval.engines.base import Choice, Completion, EngineError, Request
+from fp8eval.engines.base import Choice, Completion, EngineBase, EngineError, Request
 from fp8eval.engines.spec import ArmSpec
 from fp8eval.engines.vllm import args as vargs
 from fp8eval.engines.vllm import child as vchild
-from fp8eval.engines.vllm import kvcheck, logscan, prompt_ops, startup
+from fp8eval.engines.vllm import forced, kvcheck, logscan, prompt_ops, startup
 from fp8eval.engines.vllm import stats as vstats
 
 WORKER_MODULE = "fp8eval.engines.vllm_offline"
 
 
-class VLLMOfflineEngine:
+class VLLMOfflineEngine(EngineBase):
     kind = "vllm"
+    capabilities = vargs.OFFLINE_CAPABILITIES
 
     def __init__(self, cfg: RunConfig, arm: ArmSpec, shared: dict | None = None):
         self.cfg = cfg
@@ -72,8 +74,8 @@ class VLLMOfflineEngine:
         except EngineError:
             self.close()
             raise
-        self._child_log = self._child.log_text()
-        self.warnings = logscan.scan_log_lines(self._child_log.splitlines())
+        self.startup_log = self._child.log_text()
+        self.warnings = logscan.scan_log_lines(self.startup_log.splitlines())
         if reply.get("op") == "error":
             self.close()
             raise EngineError(self._startup_error(reply))
@@ -98,6 +100,10 @@ class VLLMOfflineEngine:
         self.knob_audit = knob_live.audit_started(self, reply.get("knob_readback"))
 
     @classmethod
+    def effective_engine_args(cls, cfg, arm) -> dict:
+        return {**arm.engine_args, **vargs.graphs_args(cfg, arm.engine_args)}
+
+    @classmethod
     def prestart(cls, arm_cfgs: list, shared: dict) -> dict | None:
         """Launch every arm's worker at once when they all fit on the GPU (fp8eval.engines.vllm.startup)."""
         return startup.prestart(arm_cfgs, shared, WORKER_MODULE)
@@ -107,7 +113,7 @@ class VLLMOfflineEngine:
 
     def _startup_error(self, reply: dict) -> str:
         detail = f"{reply.get('type', 'Error')}: {reply.get('message', '')}".strip()
-        cause = logscan.root_cause_line(self._child_log)
+        cause = logscan.root_cause_line(self.startup_log)
         if cause and cause not in detail:
             detail = cause
         if reply.get("type") == "ModuleNotFoundError" and "vllm" in reply.get("message", ""):
@@ -215,13 +221,16 @@ class VLLMOfflineEngine:
     def prompt_logprobs(self, ids: list[int], k: int) -> tuple[list[list[int]], list[list[float]]]:
         """Prefill only: the top-k (token id, log-prob) of the next-token distribution after each of
         positions 0..len(ids)-2 (vLLM's `prompt_logprobs`), for `python -m fp8eval.divergence`."""
-        reply = self._ask({"op": "prompt_logprobs", "ids": list(ids), "k": int(k)}, "compute prompt logprobs")
-        return reply["ids"], reply["logprobs"]
+        return tuple(self.prompt_logprobs_many([ids], k)[0][:2])
 
-    def prompt_logprobs_many(self, batch: list[list[int]], k: int) -> list[tuple[list, list]]:
-        """prompt_logprobs of several prompts sent to vLLM together (they may share its batches)."""
-        reply = self._ask({"op": "prompt_logprobs", "batch": [list(i) for i in batch], "k": int(k)}, "compute prompt logprobs")
+    def prompt_logprobs_many(self, batch: list[list[int]], k: int, op: str = "prompt_logprobs") -> list[tuple]:
+        """(top-k ids, top-k log-probs, own next token's log-prob) of several prompts sent to vLLM together (they may
+        share its batches): prefill (`prompt_logprobs`), or `decode_logprobs`: each passage forced through one decode
+        step per token (fp8eval.engines.vllm.forced; the engine needs logits_processors=[forced.FQCN])."""
+        reply = self._ask({"op": op, "batch": [list(i) for i in batch], "k": int(k)}, f"compute {op}")
         return [tuple(r) for r in reply["rows"]]
+
+    decode_logprobs_many = functools.partialmethod(prompt_logprobs_many, op="decode_logprobs")  # divergence.path=decode
 
     def teacher_force(self, request: Request, forced_text: str, other_text: str) -> dict:
         """The anatomy of one flip in the worker (fp8eval.engines.forcing, fp8eval.engines.vllm.prompt_ops)."""
@@ -396,11 +405,6 @@ class _Worker:
                 totals[name] += float(m.value)
         return totals
 
-    def prompt_logprobs(self, ids: list[int], k: int) -> dict:
-        """Top-k prompt log-probs of every position after the first, as two [len(ids)-1, k] lists."""
-        (rows_ids, rows_lp), = prompt_ops.prompt_logprobs(self.llm, [ids], k)
-        return {"op": "prompt_logprobs", "ids": rows_ids, "logprobs": rows_lp}
-
     def run(self, queue: list[dict]) -> None:
         from vllm.inputs import TokensPrompt
 
@@ -471,10 +475,9 @@ def _worker_main() -> int:
                 worker.send({"op": "counts", "n": prompt_ops.count_many(worker, msg["requests"])})
             elif op == "fingerprint":
                 worker.send({"op": "fingerprint", "fingerprint": prompt_ops.tokenizer_fingerprint(worker.tokenizer)})
-            elif op == "prompt_logprobs" and "batch" in msg:  # several prompts in one vLLM call
-                worker.send({"op": "batch", "rows": prompt_ops.prompt_logprobs(worker.llm, msg["batch"], int(msg["k"]))})
-            elif op == "prompt_logprobs":
-                worker.send(worker.prompt_logprobs(msg["ids"], int(msg["k"])))
+            elif op in ("prompt_logprobs", "decode_logprobs"):  # prompts in one vLLM call
+                fn = prompt_ops.prompt_logprobs if op == "prompt_logprobs" else forced.decode_logprobs
+                worker.send({"op": "batch", "rows": fn(worker.llm, msg["batch"], int(msg["k"]))})
             elif op == "teacher_force":
                 worker.send({"op": "forced", "answer": prompt_ops.teacher_force(worker, msg["request"], msg["forced"], msg["other"])})
             elif op == "add":

@@ -39,13 +39,12 @@ def start(overrides: list[str], strict: bool) -> dict:
     try:
         with open_engines(cfg) as door, door.engine(arm_spec(cfg, kv)) as engine:
             out.update(started=True, start_s=round(time.monotonic() - t0, 1))
-            out["audit"] = getattr(engine, "knob_audit", None)
-            pre = getattr(engine, "preflight", {}) or {}
+            out["audit"] = engine.knob_audit
+            pre = engine.preflight or {}
             out["preflight"] = {k: pre.get(k) for k in ("vllm_version", "cache_dtype", "attention_backend",
                                                          "max_model_len", "model", "device_name",
                                                          "loaded_scales_sha256", "audit_allowed")}
-            child = getattr(engine, "_child", None)
-            out["capacity_tokens"] = capacity_tokens(child.log_text() if child else "")
+            out["capacity_tokens"] = capacity_tokens(engine.startup_log)
             req = Request(id="knobaudit-0", messages=({"role": "user", "content": "Say hello."},), n=1, seeds=(0,),
                           sampling={"max_tokens": 8, "temperature": 0.0}, chat_template_kwargs={})
             t1 = time.monotonic()

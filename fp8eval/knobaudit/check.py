@@ -52,10 +52,8 @@ def check_case(case, d: Path, engine: str, extra: list[str] | None = None) -> di
     t0 = time.monotonic()
     try:
         with open_engines(cfg) as door, door.engine(arm_spec(cfg, cfg.kv)) as eng:
-            if hasattr(eng, "audit_now"):
-                eng.audit_now()  # the reference engine audits when it loads; load it now
-            out.update(how="not caught: the arm started and passed the audit",
-                       audit=getattr(eng, "knob_audit", None))
+            audit = eng.audit_now()  # an engine that audits when it loads (reference) loads now
+            out.update(how="not caught: the arm started and passed the audit", audit=audit)
     except AuditError as e:
         cats = sorted({c for c in ("dtype", "scales", "backend", "skip") if f"[{c}]" in str(e)})
         out.update(caught=bool(set(cats) & set(case.expected)), how=f"audit refused it: {cats}", error=str(e)[:1200])

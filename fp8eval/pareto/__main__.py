@@ -6,12 +6,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
-
+from fp8eval.core.errors import Fp8evalError
 from fp8eval.pareto.config import ParetoRunConfig
 from fp8eval.registry import register_wing
+from fp8eval.wing import hydra_wing
 
 
 def register() -> None:
@@ -42,20 +40,16 @@ def format_table(result: dict) -> str:
     return "\n".join(lines)
 
 
-@hydra.main(config_path="../../conf", config_name="pareto", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    """Run the sweep; exit 2 on an fp8eval error or a ValueError, after printing it."""
-    from fp8eval.core.errors import Fp8evalError
+def run_wing(cfg: ParetoRunConfig, run_dir: Path) -> None:
+    """Run the sweep, print the table and the run directory (an fp8eval error or a ValueError: one line, exit 2)."""
     from fp8eval.pareto.sweep import run
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    try:
-        result = run(OmegaConf.to_object(cfg), run_dir, out=lambda s: print(s, file=sys.stderr))
-    except (Fp8evalError, ValueError) as e:
-        print(f"\nfp8eval.pareto: {e}", file=sys.stderr)
-        sys.exit(2)
+    result = run(cfg, run_dir, out=lambda s: print(s, file=sys.stderr))
     print(format_table(result))
     print(run_dir)
+
+
+main = hydra_wing("fp8eval.pareto", "pareto", run_wing, errors=(Fp8evalError, ValueError))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import re
 import time
 
 from fp8eval.divergence import measures as M
+from fp8eval.divergence import paths as P
 from fp8eval.divergence import run as D
 from fp8eval.divergence import sources
 
@@ -32,24 +33,24 @@ class Probe:
         try:
             kind = sources.source_kind(engine)
             self.kind = kind
-            fp, material = D.arm_fingerprint(self.cfg, engine, kv, kind)
+            path = P.primary(str(self.cfg.divergence.path))  # both: the frontier is drawn from the decode path
+            fp, material = D.arm_fingerprint(self.cfg, engine, kv, kind, path=path)
             cache = D.ArmCache(self.records, fp, material)
             data = {}
             for p in self.docs:
                 got = cache.load(p)
                 if got is None:
                     t = time.perf_counter()
-                    got = sources.compute(engine, p.ids, int(self.cfg.divergence.topk))
+                    got = sources.compute(engine, p.ids, int(self.cfg.divergence.topk), path)
                     cache.save(p, got)
                     self.out(f"{arm.name}: {p.book} {p.length} tokens in {time.perf_counter() - t:.1f} s")
                 data[p.key] = got
-            info["fingerprint"] = fp
-            pre = getattr(engine, "preflight", None)
+            info["fingerprint"], info["path"] = fp, path
+            pre = engine.preflight
             if pre:
                 info["preflight"] = {k: pre.get(k) for k in ("vllm_version", "cache_dtype", "attention_backend",
                                                              "kv_cache_dtype_skip_layers", "device_name")}
-            log = getattr(engine, "_child_log", "") or ""
-            caps = _CAPACITY.findall(log)
+            caps = _CAPACITY.findall(engine.startup_log)
             if caps:
                 info["kv_capacity_tokens"] = int(caps[-1].replace(",", ""))
         finally:
@@ -69,15 +70,19 @@ class Probe:
         """KL, top-1 agreement and |dlogp| per position bucket, as the divergence probe reports them."""
         edges = tuple(int(e) for e in self.cfg.divergence.edges)
         acc, topk_view = M.BucketAccumulator(edges=edges), M.BucketAccumulator(edges=edges)
+        import contextlib
+
         import numpy as np
 
-        for p in self.docs:
-            n_pos = p.length - 1
-            main, approx = D._measures(base[p.key], var[p.key], self.ref_engine, n_pos, int(self.cfg.divergence.topk))
-            pos = np.arange(n_pos)
-            acc.add(pos, *main[:3])
-            if approx is not None:
-                topk_view.add(pos, *approx[:3])
+        with self.ref_engine.probe() if self.ref_engine is not None else contextlib.nullcontext() as probe:
+            for p in self.docs:
+                n_pos = p.length - 1
+                main, approx = D.position_measures(base[p.key], var[p.key], probe, n_pos,
+                                                   int(self.cfg.divergence.topk))
+                pos = np.arange(n_pos)
+                acc.add(pos, *main[:3])
+                if approx is not None:
+                    topk_view.add(pos, *approx[:3])
         res = {"overall": acc.overall(), "buckets": acc.result(),
                "method": "exact_full_vocabulary" if self.kind == "hidden" else "topk_shared_renormalised"}
         if topk_view.sums:

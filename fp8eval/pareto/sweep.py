@@ -15,11 +15,12 @@ import json
 import time
 from pathlib import Path
 
-from fp8eval.arms import arm_spec, compose_kv, open_engines
+from fp8eval.arms import arm_spec, baseline_arm, compose_kv, open_engines
 from fp8eval.core.hashing import fingerprint_hash
 from fp8eval.core.kvformats import FORMATS, effective_skip_layers
+from fp8eval.core.secrets import redact_obj
 from fp8eval.divergence import run as divergence_run
-from fp8eval.engines import resolve_kind
+from fp8eval.engines import resolve_kind, with_prefill_chunk
 from fp8eval.engines.base import EngineError
 from fp8eval.feasibility import check_many, layout_from_config, rule_check
 from fp8eval.pareto import frontier as F
@@ -92,18 +93,6 @@ def _point_kv(cfg, point: dict):
     return dataclasses.replace(kv, name=name, engine_args=args, scales=scales)
 
 
-def _engine_for_chunk(cfg, chunk: int | None):
-    if chunk is None:
-        return cfg.engine
-    e = dataclasses.replace(cfg.engine, engine_args=dict(cfg.engine.engine_args))
-    if resolve_kind(cfg) == "reference":
-        e.prefill_chunk = int(chunk)
-    elif resolve_kind(cfg) == "vllm":
-        e.engine_args.update({"max_num_batched_tokens": int(chunk), "max_num_seqs": min(int(chunk), 128),
-                              "enable_chunked_prefill": True})
-    return e
-
-
 def run(cfg, run_dir: Path, out=print) -> dict:
     """The whole sweep; returns and writes pareto.json."""
     t0 = time.perf_counter()
@@ -116,7 +105,7 @@ def run(cfg, run_dir: Path, out=print) -> dict:
     layout = layout_from_config(_model_config(cfg))
     points = plan(cfg)
     settings = {"model": dataclasses.asdict(cfg.model), "engine": dataclasses.asdict(cfg.engine),
-                "baseline": cfg.baseline, "divergence": dataclasses.asdict(cfg.divergence),
+                "baseline": cfg.baseline, "divergence": _divergence_settings(cfg.divergence),
                 "pareto": dataclasses.asdict(p), "schema": SCHEMA}
     fp = fingerprint_hash(settings)
     # Feasibility first: nothing vLLM cannot serve is measured or recommended.
@@ -151,8 +140,8 @@ def run(cfg, run_dir: Path, out=print) -> dict:
     bf16_bytes = F.kv_bytes_per_token(layout, "bfloat16", [])
     infeasible = [pt["key"] for pt in points if not pt["feasible"] and not pt.get("same_as")]
     out(f"pareto: {len(points)} point(s), {len(infeasible)} infeasible (not run): {infeasible or '-'}")
-    engine = _engine_for_chunk(cfg, p.prefill_chunk)
-    probe_cfg = divergence_run._engine_cfg(dataclasses.replace(cfg, engine=engine))
+    engine = with_prefill_chunk(cfg, p.prefill_chunk)  # the way the engine kind chunks a prefill
+    probe_cfg = divergence_run.engine_cfg(dataclasses.replace(cfg, engine=engine))
     records = Path(cfg.records_dir).expanduser()
     records = records if records.is_absolute() else Path.cwd() / records
     with open_engines(probe_cfg) as door:
@@ -164,7 +153,7 @@ def run(cfg, run_dir: Path, out=print) -> dict:
 
 def _measure_points(cfg, probe_cfg, probe, points, bf16_bytes, run_dir: Path, out) -> dict:
     """The divergence probe on every feasible point not measured yet (each saved under <run dir>/points)."""
-    base_arm = arm_spec(probe_cfg, compose_kv(cfg.baseline, cfg.model.name), "baseline")
+    base_arm = baseline_arm(probe_cfg)
     errors: dict = {}
     _partial(run_dir, cfg, points, probe, errors)
     for pt in points:
@@ -204,15 +193,24 @@ def _point_fingerprint(probe_cfg, key: str, docs) -> str:
     return fingerprint_hash({"schema": SCHEMA, "key": key, "passages": [d.key for d in docs],
                              "model": dataclasses.asdict(probe_cfg.model),
                              "engine": dataclasses.asdict(probe_cfg.engine), "baseline": probe_cfg.baseline,
-                             "divergence": dataclasses.asdict(probe_cfg.divergence)})
+                             "divergence": _divergence_settings(probe_cfg.divergence)})
+
+
+def _divergence_settings(d) -> dict:
+    """The divergence settings a sweep's fingerprints see: `path` only when it is not prefill, so sweeps made before
+    the decode path existed (all prefill) keep theirs."""
+    out = dataclasses.asdict(d)
+    if out.get("path") == "prefill":
+        out.pop("path")
+    return out
 
 
 def _partial(run_dir: Path, cfg, points, probe, errors) -> None:
     """pareto.json while the sweep runs (complete: false): a sweep cut short still shows what it measured."""
-    (run_dir / "pareto.json").write_text(json.dumps({
+    (run_dir / "pareto.json").write_text(json.dumps(redact_obj({
         "schema": SCHEMA, "complete": False, "model": cfg.model.name, "engine": resolve_kind(cfg),
         "baseline": cfg.baseline, "baseline_info": getattr(probe, "base_info", None), "points": points,
-        "errors": errors, "frontier": [], "pick": None}, indent=2) + "\n", encoding="utf-8")
+        "errors": errors, "frontier": [], "pick": None}), indent=2) + "\n", encoding="utf-8")
 
 
 def _finish(cfg, run_dir: Path, points, layout, probe, bf16_bytes, fp, infeasible, errors, t0, out) -> dict:
@@ -260,7 +258,7 @@ def _finish(cfg, run_dir: Path, points, layout, probe, bf16_bytes, fp, infeasibl
         if kv.scales:
             result["serve_note"] = (f"calibrated scales: serve the checkpoint {kv.scales} (it carries k_scale / "
                                     f"v_scale) in place of {model}")
-    (run_dir / "pareto.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    (run_dir / "pareto.json").write_text(json.dumps(redact_obj(result), indent=2) + "\n", encoding="utf-8")
     if p.plot:
         try:
             from fp8eval.pareto.plot import plot_pareto

@@ -124,10 +124,10 @@ def open_arm(door: ArmEngines, arm: ArmSpec) -> Arm:
         raise PerfError(f"arm {arm.name}: perf measures one server per arm, got {type(engine).__name__}")
     kv = arm
     labels = None
-    line = getattr(engine, "cache_config_info_line", None)
+    line = engine.cache_config_info_line
     if line:
         labels = parse_cache_config_info(line)
-    log_path = getattr(engine, "log_path", None)
+    log_path = engine.log_path
     log_text = Path(log_path).read_text(errors="replace") if log_path and Path(log_path).is_file() else ""
     tokenizer = None
     if not engine.args.get("skip_tokenizer_init"):

@@ -11,16 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
-
-from fp8eval.core.errors import Fp8evalError
+from fp8eval.core.secrets import redact_obj
 from fp8eval.power.config import PowerRunConfig
 from fp8eval.registry import register_wing
+from fp8eval.wing import hydra_wing
 
 
 def register() -> None:
@@ -31,26 +27,23 @@ def register() -> None:
 register()
 
 
-@hydra.main(config_path="../../conf", config_name="power", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    """Plan every task of the config, print the plans and the run dir; exit 2 on a question it cannot answer."""
+def run_wing(typed: PowerRunConfig, run_dir: Path) -> None:
+    """Plan every task of the config, print the plans and the run dir (a question it cannot answer: one line,
+    exit 2)."""
     from fp8eval.power.planner import format_plans, plan_all
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    typed = OmegaConf.to_object(cfg)
-    try:
-        plans = plan_all(typed)
-    except Fp8evalError as e:
-        print(f"\nfp8eval.power: {e}", file=sys.stderr)
-        sys.exit(2)
+    plans = plan_all(typed)
     print(format_plans(plans, typed.power.alpha, typed.power.power))
     run_dir.mkdir(parents=True, exist_ok=True)
     out = {"alpha": typed.power.alpha, "power": typed.power.power,
            "tasks": [{**{k: v for k, v in dataclasses.asdict(t).items() if k != "variance"},
                       "variance": dataclasses.asdict(t.variance), "mde_pts": 100 * t.mde,
                       "delta_pts": 100 * t.delta} for t in plans]}
-    (run_dir / "power.json").write_text(json.dumps(out, indent=2, default=str) + "\n", encoding="utf-8")
+    (run_dir / "power.json").write_text(json.dumps(redact_obj(out), indent=2, default=str) + "\n", encoding="utf-8")
     print(run_dir)
+
+
+main = hydra_wing("fp8eval.power", "power", run_wing)
 
 
 if __name__ == "__main__":

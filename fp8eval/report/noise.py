@@ -12,10 +12,12 @@ from fp8eval.metrics.noise import control_comparison
 from fp8eval.records.anatomy import load, row_key, store_path
 
 # flips.csv's anatomy columns (fp8eval.engines.forcing): where the two completions part, the baseline's and the
-# other arm's token there, and the other arm's log-probability and rank of the baseline's token (teacher forced).
+# other arm's token there, and the other arm's log-probability and rank of the baseline's token (teacher forced), the
+# kernel path they were read on (decode: where the arm answered) and the prefill path's log-prob beside a decode one.
 ANATOMY_COLUMNS = {"part_position": "part_position", "forced_token": "baseline_token",
                    "other_token": "variant_token", "logprob": "variant_logprob_of_baseline_token",
-                   "rank": "variant_rank_of_baseline_token", "top1_token": "variant_top1_token"}
+                   "rank": "variant_rank_of_baseline_token", "top1_token": "variant_top1_token",
+                   "path": "anatomy_path", "logprob_prefill": "variant_logprob_prefill_view"}
 NOISE_COLUMNS = ["model", "task", "baseline", "variant", "control", "setting", "inert", "n_pairs", "variant_lost",
                  "variant_gained", "control_lost", "control_gained", "excess_flip_rate", "ci_low", "ci_high"]
 

@@ -8,14 +8,10 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig, OmegaConf
-
 from fp8eval.core.paths import display_path
-from fp8eval.core.secrets import guard_std_streams
 from fp8eval.registry import register_wing
 from fp8eval.sensitivity.config import SensitivityRunConfig, unknown_key_message
+from fp8eval.wing import hydra_wing
 
 
 def register() -> None:
@@ -26,21 +22,13 @@ def register() -> None:
 register()
 
 
-@hydra.main(config_path="../../conf", config_name="sensitivity", version_base="1.3")
-def main(cfg: DictConfig) -> None:
-    """`python -m fp8eval.sensitivity`: rank the layers, write the run dir's outputs, print sensitivity.md (up to the
-    heatmap) and the run directory; exit 2 on an fp8eval error."""
-    from fp8eval.core.errors import Fp8evalError
+def run_wing(typed: SensitivityRunConfig, run_dir: Path) -> None:
+    """Rank the layers, write the run dir's outputs, print sensitivity.md (up to the heatmap) and the run directory
+    (an fp8eval error: one line, exit 2)."""
     from fp8eval.sensitivity import outputs
     from fp8eval.sensitivity.run import run
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
-    typed = OmegaConf.to_object(cfg)
-    try:
-        result = run(typed)
-    except Fp8evalError as e:
-        print(f"\nfp8eval.sensitivity: {e}", file=sys.stderr)
-        sys.exit(2)
+    result = run(typed)
     outputs.write(run_dir, result, typed.kv)
     print((run_dir / "sensitivity.md").read_text(encoding="utf-8").split("\n![heatmap]")[0])
     print(display_path(run_dir))
@@ -58,7 +46,8 @@ def _check(argv: list[str]) -> None:
                 sys.exit(2)
 
 
+main = hydra_wing("fp8eval.sensitivity", "sensitivity", run_wing, argv=_check)
+
+
 if __name__ == "__main__":
-    guard_std_streams()  # every line printed, Hydra's errors included, is redacted (fp8eval.core.secrets)
-    _check(sys.argv[1:])
     main()

@@ -11,12 +11,9 @@ settings and the bucket edges; skip lists are normalised (`normal_skip`) before 
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
-from omegaconf import OmegaConf
 
-from fp8eval.config import kv_fingerprint_view
+from fp8eval.arms import arm_material, kv_view, model_view
 from fp8eval.core.hashing import canonical_json, fingerprint_hash
 from fp8eval.divergence.documents import Passage
 
@@ -42,33 +39,19 @@ def skip_key(skip) -> str:
     return ",".join(str(x) for x in normal_skip(skip))
 
 
-def _plain(obj) -> dict:
-    if dataclasses.is_dataclass(obj):
-        return OmegaConf.to_container(OmegaConf.structured(obj), resolve=True)
-    return dict(obj)
-
-
-def _kv_view(kv) -> dict:
-    d = _plain(kv)
-    for k in ("name", "description"):
-        d.pop(k, None)
-    args = dict(d.get("engine_args") or {})
-    if SKIP_KEY in args:
-        args[SKIP_KEY] = normal_skip(args[SKIP_KEY])
-    d["engine_args"] = args
-    return kv_fingerprint_view(d)
-
-
 def fingerprint(cfg, describe: dict, variant_kv, baseline_kv) -> tuple[str, dict]:
-    """sha256 over everything that can change a passage's sensitivity results, and its material."""
-    model = _plain(cfg.model)
-    for k in ("name", "notes", "sampling"):
-        model.pop(k, None)
+    """sha256 over everything that can change a passage's sensitivity results, and its material
+    (fp8eval.arms.arm_material: the model with its env, skip lists normalised, both arms' kv, the edges)."""
     engine = dict(describe)
     if isinstance(engine.get("kv"), dict) and "skip_layers" in engine["kv"]:
         engine["kv"] = {**engine["kv"], "skip_layers": normal_skip(engine["kv"]["skip_layers"])}
-    material = {"sensitivity_schema": SCHEMA, "model": model, "engine": engine, "kv": _kv_view(variant_kv),
-                "baseline": _kv_view(baseline_kv), "edges": [int(e) for e in cfg.sensitivity.edges]}
+    extra = {"sensitivity_schema": SCHEMA, "baseline": kv_view(baseline_kv, normal_skip),
+             "edges": [int(e) for e in cfg.sensitivity.edges]}
+    if str(getattr(cfg.sensitivity, "path", "prefill")) != "prefill":  # only then: prefill runs keep theirs
+        extra["path"] = str(cfg.sensitivity.path)
+    material = arm_material(cfg, variant_kv, engine, extra,
+                            model=model_view(cfg.model, ("name", "notes", "sampling"), keep_dummy=True),
+                            kv_d=kv_view(variant_kv, normal_skip))
     return fingerprint_hash(material), material
 
 

@@ -37,6 +37,10 @@ class SensitivityConfig:
     # Can vLLM serve the recommended skip list (fp8eval.feasibility)? auto: vLLM's own grouping when a vLLM is
     # importable (FP8EVAL_VLLM_PYTHON), else the rule vLLM 0.26.0 showed; rule; oracle; off (no check).
     feasibility: str = "auto"
+    # The kernel path each pass reads (fp8eval/divergence/paths.py): prefill (one prefill per pass) or decode (the
+    # passage forced through one decode step per token, what generated answers see; a pass then costs a decode step
+    # per token, so this stays prefill by default).
+    path: str = "prefill"
 
 
 @dataclass
@@ -59,6 +63,8 @@ def validate(s: SensitivityConfig) -> list[str]:
         problems.append(f"sensitivity.rank_by={s.rank_by!r}; valid: {', '.join(RANK_BY)}")
     if s.feasibility not in FEASIBILITY:
         problems.append(f"sensitivity.feasibility={s.feasibility!r}; valid: {', '.join(FEASIBILITY)}")
+    if s.path not in ("prefill", "decode"):
+        problems.append(f"sensitivity.path={s.path!r}; valid: prefill, decode")
     if s.refine < 0:
         problems.append(f"sensitivity.refine={s.refine}: must be >= 0")
     if not s.edges or list(s.edges) != sorted(set(s.edges)) or s.edges[0] != 0:

@@ -14,7 +14,7 @@ class Feasibility:
         from fp8eval.feasibility import Layout
 
         self.mode = mode
-        c = passes.engine._model.config
+        c = passes.config
         c = c.get_text_config() if hasattr(c, "get_text_config") else c
         types = tuple(f"sliding:{getattr(c, 'sliding_window', 0)}" if "sliding" in t else "full" for t in passes.types)
         heads = int(getattr(c, "num_key_value_heads", None) or c.num_attention_heads)

@@ -1,8 +1,8 @@
 """Prefill passes of the reference engine's model under different KV policies, compared with BF16.
 
-One model is loaded (the arms share it, as in `python -m fp8eval`); a pass swaps the active `KVPolicy`
-(which layers store FP8) and runs the prefill the divergence probe runs (`fp8eval.divergence.sources`),
-keeping only the final hidden states. Distributions and measures are the probe's: logits from the hidden
+One model is loaded (the arms share it, as in `python -m fp8eval`); a pass runs the engine's public probe under
+a `KVPolicy` (which layers store FP8: `engine.probe(policy)`, the prefill the divergence probe runs), keeping
+only the final hidden states. Distributions and measures are the probe's: logits from the hidden
 states a slice of positions at a time, KL(bf16 || variant), top-1 agreement, |delta logprob| of the BF16
 argmax, pooled per position bucket (`fp8eval.divergence.measures`).
 """
@@ -14,9 +14,8 @@ import dataclasses
 import numpy as np
 
 from fp8eval.divergence import measures as M
-from fp8eval.divergence import sources
 from fp8eval.divergence.documents import Passage, passages
-from fp8eval.engines import resolve_kind
+from fp8eval.engines import capabilities, resolve_kind
 from fp8eval.engines.base import EngineError
 from fp8eval.engines.kvcache import KVPolicy
 from fp8eval.engines.spec import ArmSpec
@@ -43,11 +42,11 @@ class Passes:
     def __init__(self, cfg, door, arms: list[ArmSpec]):
         """`arms` as `fp8eval.arms.resolve_arms` gives them ([baseline, variant], or one arm), opened through
         `door` (an `fp8eval.arms.ArmEngines`: both engines share one loaded model)."""
-        if resolve_kind(cfg) != "reference":
+        if not capabilities(cfg).switches_kv_policy:
             raise SensitivityError(
-                f"python -m fp8eval.sensitivity runs on the reference engine (engine=reference), which can "
-                f"switch each layer's cache format between passes; engine={cfg.engine.kind} resolved to "
-                f"{resolve_kind(cfg)}. Evaluate its recommended skip list on any engine with "
+                f"python -m fp8eval.sensitivity needs an engine that switches each layer's cache format between "
+                f"passes (engine=reference); engine={cfg.engine.kind} resolved to {resolve_kind(cfg)}, which "
+                f"cannot. Evaluate its recommended skip list on any engine with "
                 f"`python -m fp8eval ... kv.engine_args.kv_cache_dtype_skip_layers=[...]`.")
         self.engine = door.open(arms[-1])
         base = door.open(arms[0])
@@ -55,16 +54,16 @@ class Passes:
             raise SensitivityError(f"kv={cfg.kv.name} keeps a {self.engine.cache_dtype} cache: nothing to rank. "
                                    f"Use an FP8 kv option (kv=fp8, fp8_e5m2, fp8_calibrated, fp8_per_head).")
         self.ignored_skip = list(self.engine.skip_layers)
-        self.engine._load()
-        base._load()
+        self.path = str(getattr(getattr(cfg, "sensitivity", None), "path", "prefill"))
         self.tokenizer = self.engine.tokenizer()
-        self.arm: KVPolicy = dataclasses.replace(self.engine._policy, skip_layers=())
-        self.bf16: KVPolicy = base._policy
-        model = self.engine._model
-        text = model.config.get_text_config()
+        self.arm: KVPolicy = dataclasses.replace(self.engine.kv_policy, skip_layers=())
+        self.bf16: KVPolicy = base.kv_policy
+        with self.engine.probe() as probe:
+            self.config, self.architecture = probe.config, probe.architecture
+            self.vocab = probe.vocab_size
+        text = self.config.get_text_config()
         self.n_layers = int(text.num_hidden_layers)
-        self.types = layer_types(model.config, self.n_layers)
-        self.vocab = int(model.get_output_embeddings().weight.shape[0])
+        self.types = layer_types(self.config, self.n_layers)
 
     # --- policies ---------------------------------------------------------------------------------------
     def fp8_policy(self, skip) -> KVPolicy:
@@ -85,17 +84,15 @@ class Passes:
             raise SensitivityError(str(e)) from e
 
     def hidden(self, policy: KVPolicy, ids) -> np.ndarray:
-        """Final hidden states [T, hidden] of one prefill with `policy` as every layer's cache."""
-        own = self.engine._policy
-        self.engine._policy = policy  # what the probe's prefill activates
-        try:
-            return sources.reference_hidden(self.engine, tuple(ids))
-        finally:
-            self.engine._policy = own
+        """Final hidden states [T, hidden] of one pass with `policy` as every layer's cache: one prefill, or decode steps
+        (sensitivity.path=decode)."""
+        with self.engine.probe(policy) as probe:
+            return probe.hidden(tuple(ids)) if self.path == "prefill" else probe.decode_hidden(tuple(ids))
 
     def logits(self, hidden: np.ndarray):
         """Logits of a slice of final hidden states (the model's lm_head, soft-capping included)."""
-        return sources.logits_from_hidden(self.engine, hidden)
+        with self.engine.probe() as probe:
+            return probe.logits(hidden)
 
     def check_head(self, ids) -> None:
         """The probe's hidden-state logits must be the model's own (a model with extra logit scaling
@@ -103,15 +100,14 @@ class Passes:
         import torch
 
         x = list(ids)[:16]
-        self.engine._shared["active_policy"] = self.bf16
-        with torch.inference_mode():
-            ref = self.engine._model(input_ids=torch.tensor([x], device=self.engine._model.device)).logits[0]
-        mine = self.logits(self.hidden(self.bf16, x))
+        with self.engine.probe(self.bf16) as probe:
+            ref = probe.model_logits(x)
+            mine = probe.logits(probe.hidden(x))
         # float32 compute agrees to rounding; bfloat16 logits step by 1/16 around 10, so allow a few steps
         # there (a forgotten soft-cap or logit scale is off by far more).
         tol = 1e-3 if ref.dtype == torch.float32 else 0.25
         if not torch.allclose(ref.float().cpu(), mine.float().cpu(), atol=tol, rtol=tol):
-            raise SensitivityError(f"{type(self.engine._model).__name__}: logits from the final hidden states "
+            raise SensitivityError(f"{self.architecture}: logits from the final hidden states "
                                    f"differ from the model's own (max {float((ref.cpu() - mine.cpu()).abs().max()):.3g})")
 
 

@@ -10,6 +10,7 @@ from typing import Callable
 
 from fp8eval.arms import ArmEngines, open_engines, resolve_arms
 from fp8eval.divergence import measures as M
+from fp8eval.engines import resolve_kind
 from fp8eval.sensitivity import ranking
 from fp8eval.sensitivity.cache import PassageCache, skip_key
 from fp8eval.sensitivity.cache import fingerprint as cache_fingerprint
@@ -174,7 +175,7 @@ def _run(cfg: SensitivityRunConfig, door: ArmEngines, log: Callable[[str], None]
     kl_sliding = overall["skip_sliding"]["kl_mean"] if hybrid else None
     kl_with = steps[-1]["kl"]
     return {
-        "model": cfg.model.name, "kv": cfg.kv.name, "baseline": cfg.baseline, "engine": "reference",
+        "model": cfg.model.name, "kv": cfg.kv.name, "baseline": cfg.baseline, "engine": resolve_kind(cfg),
         "format": passes.arm.fmt, "scales": cfg.kv.scales, "attention": passes.arm.attention,
         "passages": [{"book": d.book, "length": d.length, "char_offset": d.char_offset, "key": d.key} for d in docs],
         "lengths": sorted(set(int(n) for n in s.lengths)), "documents": s.documents,

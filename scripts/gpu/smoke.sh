@@ -9,11 +9,14 @@
 #   reference   engine=reference on CUDA, the default job cut to 512 tokens: the BF16 arm's decode on CUDA
 #   auto        `python -m fp8eval`: engine=auto must take vLLM (FA3) on a GPU, both arms side by side
 #   vllm        `python -m fp8eval engine=vllm` (fresh records: a second, warm start)
-#   rerun       the same again: zero requests
+#   up          `python -m fp8eval.up`: the default job's arms as kept-alive vLLM servers (the warm path)
+#   attach      `python -m fp8eval engine=server engine.keep_alive=true`: attaches to them, no vLLM start
+#   down        `python -m fp8eval.up down`: stops them
 #   kv_format   `engine=vllm kv=fp8_per_token_head`: a non-default KV format
 #   headline    `model=qwen3-30b kv=fp8 engine=vllm` with dummy weights, a 2-length NIAH grid (needs the bundle's
 #               MoE kernels: skipped, and said, without them)
-# W (default a fresh temporary folder) holds records and run dirs; PY (default python3) the interpreter.
+# W (default a fresh temporary folder) holds records and run dirs; PY (default python3) the interpreter;
+# SKIP_HEADLINE=1 leaves the headline out (its 61 GB of dummy weights take ~85 s).
 set -u
 OUT=${1:?usage: smoke.sh OUT_DIR}
 PY=${PY:-python3}
@@ -30,22 +33,26 @@ echo "smoke: commit $COMMIT, $(date -u +%FT%TZ), work dir $W" | tee "$LOG"
 
 # step NAME TIMEOUT CHECK -- ARGS...: run `python -m fp8eval ARGS` with its own run dir, time it, check summary.json.
 # CHECK is a Python expression over `s` (the summary) and `kinds` (the arms' engine kinds).
+# With MOD=fp8eval.up (and CHECK "-") it runs that module instead and checks only its exit code.
 step() {
   local name=$1 limit=$2 check=$3; shift 4
-  local run="$W/run_$name"
+  local run="$W/run_$name" mod=${MOD:-fp8eval}
   local t0=$(date +%s.%N)
-  timeout -k 10 "$limit" "$PY" -m fp8eval "$@" "hydra.run.dir=$run" > "$W/$name.log" 2>&1
+  if [[ "$mod" == fp8eval ]]; then set -- "$@" "hydra.run.dir=$run"; fi
+  timeout -k 10 "$limit" "$PY" -m "$mod" "$@" > "$W/$name.log" 2>&1
   local rc=$?
   local t1=$(date +%s.%N)
-  "$PY" - "$name" "$rc" "$t0" "$t1" "$run/summary.json" "$check" "$*" >> "$RESULTS" <<'PY'
+  "$PY" - "$name" "$rc" "$t0" "$t1" "$run/summary.json" "$check" "$*" "$mod" >> "$RESULTS" <<'PY'
 import json, sys
-name, rc, t0, t1, path, check, args = sys.argv[1:]
-row = {"step": name, "rc": int(rc), "seconds": round(float(t1) - float(t0), 1), "command": "python -m fp8eval " + args}
-try:
-    s = json.load(open(path))
-except (OSError, ValueError) as e:
-    s = None
-    row["problem"] = f"no summary.json ({type(e).__name__})"
+name, rc, t0, t1, path, check, args, mod = sys.argv[1:]
+row = {"step": name, "rc": int(rc), "seconds": round(float(t1) - float(t0), 1),
+       "command": f"python -m {mod} " + args.replace(f" hydra.run.dir={path[:-len('/summary.json')]}", "")}
+s = None
+if check != "-":
+    try:
+        s = json.load(open(path))
+    except (OSError, ValueError) as e:
+        row["problem"] = f"no summary.json ({type(e).__name__})"
 if s is not None:
     arms = s.get("arms") or {}
     kinds = {a.get("engine") for a in arms.values()}
@@ -76,9 +83,16 @@ step reference 240 'kinds == {"reference"} and all(a["n_samples"] > 0 for a in a
   engine=reference engine.device=cuda records_dir="$W/rec_ref" 'task.lengths=[512]'
 step auto 300 "$ANY_VLLM and s.get('parallel_start')" -- records_dir="$W/rec_auto"
 step vllm 240 "$ANY_VLLM" -- engine=vllm records_dir="$W/rec_vllm"
-step rerun 180 "$ANY_VLLM and all(a['requests_sent'] == 0 for a in arms.values())" -- engine=vllm records_dir="$W/rec_vllm"
+# The warm path: the arms' servers kept alive, a run that attaches to them, then stopped.
+MOD=fp8eval.up step up 300 - --
+step attach 180 "kinds == {'server'} and all(a['requests_sent'] > 0 for a in arms.values())" -- engine=server \
+  engine.keep_alive=true records_dir="$W/rec_attach"
+MOD=fp8eval.up step down 120 - -- down
 step kv_format 240 "$ANY_VLLM" -- engine=vllm kv=fp8_per_token_head records_dir="$W/rec_kvf"
-if "$PY" - <<'PY'
+if [[ -n "${SKIP_HEADLINE:-}" ]]; then
+  echo '{"step": "headline", "ok": true, "skipped": "SKIP_HEADLINE=1"}' >> "$RESULTS"
+  echo "skip headline: SKIP_HEADLINE=1" | tee -a "$LOG"
+elif "$PY" - <<'PY'
 import importlib.util, pathlib, sys
 spec = importlib.util.find_spec("vllm")
 root = pathlib.Path(spec.origin).parent if spec else None

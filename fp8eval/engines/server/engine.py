@@ -27,10 +27,10 @@ import fp8eval.engines.server.transport as transport
 from fp8eval.config import RunConfig
 from fp8eval.core.secrets import redact
 from fp8eval.engines import async_bridge
-from fp8eval.engines.base import Completion, EngineError, Request
+from fp8eval.engines.base import Completion, EngineBase, EngineError, Request
 from fp8eval.engines.server.answers import error_completion
 from fp8eval.engines.server.client import Endpoint
-from fp8eval.engines.server.managed import ManagedServerMixin
+from fp8eval.engines.server.managed import ManagedServerMixin, prestart_kept
 from fp8eval.engines.server.preflight import PreflightMixin
 from fp8eval.engines.spec import ArmSpec
 from fp8eval.engines.vllm import args as vargs
@@ -40,8 +40,11 @@ from fp8eval.engines.vllm import stats as vstats
 from fp8eval.engines.vllm_scoring import server_loglikelihood
 
 
-class ServerEngine(ManagedServerMixin, PreflightMixin):
+class ServerEngine(ManagedServerMixin, PreflightMixin, EngineBase):
     kind = "server"
+    capabilities = vargs.SERVER_CAPABILITIES
+    cache_config_info_line: str | None = None  # vLLM's cache_config_info metric, as the preflight read it
+    log_path = None  # a managed server's log file
 
     # Backoff between retries: base * 2**attempt seconds, jittered, capped (tests shrink these).
     retry_backoff_s = 1.0
@@ -50,6 +53,7 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
     def __init__(self, cfg: RunConfig, arm: ArmSpec, shared: dict | None = None):
         self.cfg = cfg
         self.kv = arm  # the arm (ArmSpec); the mixins read self.kv.name
+        self.shared = shared
         e = cfg.engine
         self.base_url = (e.base_urls or {}).get(arm.name) or e.base_url
         self.managed = not self.base_url
@@ -84,6 +88,18 @@ class ServerEngine(ManagedServerMixin, PreflightMixin):
         except BaseException:
             self.close()
             raise
+
+    @classmethod
+    def effective_engine_args(cls, cfg, arm) -> dict:
+        if (cfg.engine.base_urls or {}).get(arm.name) or cfg.engine.base_url:
+            return dict(arm.engine_args)  # an external server's flags are its own
+        return {**arm.engine_args, **vargs.graphs_args(cfg, arm.engine_args)}
+
+    @classmethod
+    def prestart(cls, arm_cfgs: list, shared: dict) -> dict | None:
+        """engine.keep_alive: start every arm's server not yet running at once, each sized to share the GPU
+        (fp8eval.engines.server.managed.prestart_kept); None otherwise (managed servers start one at a time)."""
+        return prestart_kept(arm_cfgs, shared)
 
     @staticmethod
     def _engine_args(cfg: RunConfig, arm: ArmSpec) -> dict[str, Any]:

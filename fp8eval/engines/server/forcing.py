@@ -61,4 +61,4 @@ def teacher_force(engine, req: Request, forced_text: str, other_text: str) -> di
                 names[t] = f"<id {t}>"
         return names[t]
 
-    return forcing.answer(p, forced, other, row, decode)
+    return forcing.answer(p, forced, other, row, decode, path="prefill")  # echo: one forward of prompt + tokens

@@ -8,9 +8,23 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from fp8eval.engines.base import EngineError
+from fp8eval.engines.base import Capabilities, EngineError
 from fp8eval.engines.spec import ArmSpec
 from fp8eval.engines.vllm.modes import graphs_args
+
+# What the vLLM engines can do (fp8eval.engines.base.Capabilities): the offline engine (`vllm`) and a server
+# (`server`, managed or attached).
+FORCING_PROCESSOR = "fp8eval.engines.vllm.forced:ForcedTokens"  # fp8eval.engines.vllm.forced.FQCN
+OFFLINE_CAPABILITIES = Capabilities(
+    distributions="topk", topk_limit=("max_logprobs", 20), loglikelihood=True, teacher_force=True,
+    early_counter="fp8eval.engines.vllm.early:TokenizerWorker", prefill_chunking="scheduler",
+    all_engine_args=True, engine_args_why="a vLLM engine arg of this arm only", process_env=True,
+    control_hint="control=batch1, eager or compiled, batch_invariant, tp2",
+    decode_path="forced", decode_logits_processor=FORCING_PROCESSOR)
+SERVER_CAPABILITIES = Capabilities(
+    loglikelihood=True, teacher_force=True, all_engine_args=True,
+    engine_args_why="a flag of this arm's managed vLLM server", engine_fields=("concurrency",), process_env=True,
+    attaches=True, control_hint="control=batch1")
 
 # Interpreter that runs vLLM (the offline worker and the managed server). Default: this one.
 VLLM_PYTHON_ENV = "FP8EVAL_VLLM_PYTHON"

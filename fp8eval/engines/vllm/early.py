@@ -30,6 +30,13 @@ class TokenizerWorker(VLLMOfflineEngine):
 
     kind = "vllm-tokenizer"
 
+    @staticmethod
+    def prepare(cfg, arm) -> None:
+        """The arm's model made loadable (an embedded GGUF converted once) before the worker starts."""
+        from fp8eval.engines.vllm.args import vllm_engine_args
+
+        vllm_engine_args(cfg, arm)
+
     def _start(self) -> None:
         if self.args.get("skip_tokenizer_init") or not self.args.get("max_model_len"):
             raise EngineError("no tokenizer or no max_model_len to plan with before vLLM starts")

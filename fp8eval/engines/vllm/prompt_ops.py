@@ -102,30 +102,56 @@ def count_many(worker, reqs: list[dict]) -> list[int]:
     return [n if n is not None else len(_encode(tok, text, special)) for n, (text, special) in zip(out, texts)]
 
 
-def prompt_logprobs(llm, batch: list[list[int]], k: int) -> list[tuple[list[list[int]], list[list[float]]]]:
+def prompt_logprobs(llm, batch: list[list[int]], k: int) -> list[tuple[list, list, list]]:
     """For each prompt of `batch` (sent to vLLM together, so they may share batches): the top-k (token id,
-    log-prob) after each of positions 0..len-2, two [len-1, k] lists."""
+    log-prob) after each of positions 0..len-2, two [len-1, k] lists, and the log-prob of the prompt's own next token
+    there (prefill path; fp8eval.engines.vllm.forced gives the same from decode steps)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
     params = SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=k)
     outs = llm.generate([TokensPrompt(prompt_token_ids=list(ids)) for ids in batch], params, use_tqdm=False)
     result = []
-    for out in outs:
-        rows_ids, rows_lp = [], []
-        for entry in list(out.prompt_logprobs)[1:]:
+    for ids, out in zip(batch, outs):
+        rows_ids, rows_lp, own = [], [], []
+        for t, entry in zip(ids[1:], list(out.prompt_logprobs)[1:]):
             # Each entry holds the top-k plus the prompt's own token (which may rank below k): keep the k best.
             best = sorted(entry.items(), key=lambda item: -float(item[1].logprob))[:k]
             rows_ids.append([int(t) for t, _ in best])
             rows_lp.append([float(lp.logprob) for _, lp in best])
-        result.append((rows_ids, rows_lp))
+            own.append(float(entry[int(t)].logprob) if int(t) in entry else float("nan"))
+        result.append((rows_ids, rows_lp, own))
     return result
+
+
+REPLAY_LOGPROBS = 20  # vLLM's default max_logprobs: a baseline token ranked below it has no decode-path log-prob
+
+
+def _replayed_row(worker, req: dict, prompt: list[int], ids: list[int], p: int) -> tuple[dict | None, str]:
+    """The decode path at the parting position `p` (issue 35): this arm's own generation replayed with the request's
+    sampling (greedy, or its seed) and log-probs, so step p is a decode step after the tokens the arm generated itself.
+    (row, "") when the replay re-generates ids[:p], else (None, why). The row's log-prob and rank (Logprob.rank) are the
+    baseline token's when it is among the REPLAY_LOGPROBS returned, else None."""
+    from vllm.inputs import TokensPrompt
+
+    params = worker.sampling_params(req, len(prompt))
+    params.max_tokens, params.logprobs = p + 1, REPLAY_LOGPROBS
+    got = worker.llm.generate([TokensPrompt(prompt_token_ids=prompt)], params, use_tqdm=False)[0].outputs[0]
+    if list(got.token_ids[:p]) != list(ids[:p]) or len(got.logprobs or []) <= p:
+        return None, "the replay of this arm's generation did not re-generate the shared tokens"
+    entry = got.logprobs[p]
+    top = min(entry.items(), key=lambda item: (getattr(item[1], "rank", None) or 1 << 30, -float(item[1].logprob)))
+    lp = entry.get(int(ids[p]))
+    return {"logprob": float(lp.logprob) if lp else None, "rank": getattr(lp, "rank", None) if lp else None,
+            "top1": int(top[0])}, ""
 
 
 def teacher_force(worker, req: dict, forced_text: str, other_text: str) -> dict:
     """The anatomy of one flip (fp8eval.engines.forcing): the prompt and the baseline's completion up to the
     parting token prefilled once with prompt_logprobs=1, which gives the forced token's log-probability, its
-    rank (vLLM's Logprob.rank; 1 = this arm's greedy choice) and this arm's most likely token there."""
+    rank (vLLM's Logprob.rank; 1 = this arm's greedy choice) and this arm's most likely token there: the prefill view.
+    After the first token, the decode view where the arm produced its answer (`_replayed_row`) is the row's, with the
+    prefill view beside it; `path` says which one the row holds."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -144,4 +170,7 @@ def teacher_force(worker, req: dict, forced_text: str, other_text: str) -> dict:
         lp = entry[int(ids[p])]
         top = min(entry.items(), key=lambda item: (getattr(item[1], "rank", None) or 1 << 30, -float(item[1].logprob)))
         row = {"logprob": float(lp.logprob), "rank": getattr(lp, "rank", None), "top1": int(top[0])}
-    return forcing.answer(p, forced, other, row, lambda t: tok.decode([t]))
+    decoded, why = _replayed_row(worker, req, prompt, ids, p) if row is not None and p > 0 else (None, "")
+    out = forcing.answer(p, forced, other, decoded or row, lambda t: tok.decode([t]), path="decode" if decoded else
+                         "prefill", prefill=row if decoded else None)
+    return {**out, **({"decode_view": why} if why else {})}

@@ -86,11 +86,13 @@ def kv_bytes_per_token(config: dict, cache_dtype: str) -> int | None:
     return int(layers) * int(kv_heads) * int(head_dim) * 2 * per_value
 
 
-def side_by_side(arm_args: list[dict[str, Any]], memory: tuple[int, int] | None = None) -> list[dict] | None:
+def side_by_side(arm_args: list[dict[str, Any]], memory: tuple[int, int] | None = None,
+                 min_arms: int = 2) -> list[dict] | None:
     """Launch settings ({kv_cache_memory_bytes, gpu_memory_utilization}) for each arm so that all of them start and
-    run at once on one GPU, or None when they do not fit (or something needed is unknown, or an arm already fixes
-    its own memory, or uses several GPUs)."""
-    if len(arm_args) < 2:
+    run at once on one GPU, in what it has free, or None when they do not fit (or something needed is unknown, or
+    an arm already fixes its own memory, or uses several GPUs). `min_arms=1` sizes a lone arm beside what already
+    runs (a kept-alive server started next to another one)."""
+    if len(arm_args) < min_arms or not arm_args:
         return None
     memory = memory or gpu_memory()
     if memory is None:

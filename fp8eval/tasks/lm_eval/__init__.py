@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from fp8eval.config import TaskConfig
-from fp8eval.core.progress import quiet_third_party, stage
+from fp8eval.core.progress import stage
 from fp8eval.tasks.base import Prompt, Sample, Score, Task
 
 BRIDGE_VERSION = "1"  # bump when the mapping between lm-eval and fp8eval changes a prompt or a score
@@ -59,7 +59,6 @@ class LmEvalTask(Task):
 
             cfg = self.cfg
             names = ", ".join(str(t if not isinstance(t, dict) else t.get("task", t)) for t in cfg.tasks)[:120]
-            quiet_third_party()  # no dataset bars in logs
             with stage(f"lm-eval: indexing its tasks and building the requests of {names or 'no task'}"):
                 loaded = bridge.load(list(cfg.tasks), cfg.include_path, dict(cfg.metadata), cfg.offline)
                 bridge.build_instances(loaded, limit=cfg.limit, num_fewshot=cfg.num_fewshot,
