@@ -277,6 +277,18 @@ class StatsConfig:
 
 
 @dataclass
+class ExportConfig:
+    """What a run writes for other tools besides summary.json (fp8eval.export, docs/export.md)."""
+
+    lm_eval: bool = True  # lm_eval/<arm>/results.json: lm-eval 0.4.13's results schema, one file per arm
+    parquet: bool = True  # records.parquet: every record of every arm (needs pyarrow; counted when missing)
+    texts: bool = True  # prompts and completions in records.parquet; false keeps hashes and scores only (privacy)
+    wandb: Optional[str] = None  # a W&B project: log the run there (pip install 'fp8eval[wandb]'; WANDB_MODE=offline)
+    mlflow: Optional[str] = None  # an MLflow tracking URI (e.g. file:./mlruns): log the run (fp8eval[mlflow])
+    card: bool = True  # README.md: a dataset card with the verdicts, ready for `huggingface_hub upload`
+
+
+@dataclass
 class StopConfig:
     """When a paired run stops (fp8eval.stopping, docs/statistics.md). `stop=fixed` (default) runs every
     planned (sample, repeat); `stop=sequential` sends samples in rounds and stops a bucket as soon as the
@@ -327,6 +339,7 @@ class RunConfig:
     audit: AuditConfig = field(default_factory=AuditConfig)
     stats: StatsConfig = field(default_factory=StatsConfig)
     stop: StopConfig = field(default_factory=StopConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
 
 
 @dataclass

@@ -13,6 +13,7 @@ from omegaconf import OmegaConf
 
 import fp8eval.anatomy as anatomy
 import fp8eval.control as controls
+import fp8eval.export as export
 import fp8eval.shard as shards
 from fp8eval.arms import ArmSpec, arm_material, open_engines, resolve_arms
 from fp8eval.config import RunConfig, SamplingConfig, effective_sampling, plain
@@ -193,9 +194,8 @@ class Runner:
         fp = fingerprint_hash(material)
         store = ArmStore(self.records_root, task.name, fp, material, score_range=task.score_range,
                          commit_s=float(self.cfg.records_commit_s)).open()
-        shard = shards.parse(self.cfg.shard)
         try:
-            sent, view = self._fill_arm(store, fp, task, engine, kv, items, shard)
+            sent, view = self._fill_arm(store, fp, task, engine, kv, items, shard := shards.parse(self.cfg.shard))
         finally:
             store.close()
         if shard is not None:  # reached only when this shard's share is all recorded
@@ -438,8 +438,8 @@ class Runner:
         summary["wall_s"] = round(time.perf_counter() - t0, 2)
         summary["timing"] = self.clock.report()
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        # redacted, never NaN/inf; one line on a disk error
-        write_json(self.run_dir / "summary.json", redact_obj(summary))
+        write_json(self.run_dir / "summary.json", redact_obj(summary))  # redacted, never NaN/inf; one line on a disk error
+        export.after_run(cfg, self.run_dir, summary, self.views, items, task, self.out)  # lm-eval file, parquet, card
         return summary
 
     def _summary(self, task, door, items, arms: list[ArmSpec], summaries: dict, notes: list[str], control_info):

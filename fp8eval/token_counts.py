@@ -20,6 +20,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from fp8eval.core.progress import stage
 from fp8eval.core.types import Prompt, Request
 from fp8eval.engines.base import EngineError
 from fp8eval.records import canonical_json, fingerprint_hash
@@ -192,7 +193,8 @@ def plan_task(runner: Planner, tcls, task_cfg, engine, max_model_len: int | None
                       max_model_len=engine.max_model_len() if max_model_len is None else max_model_len,
                       seed=runner.cfg.seed, max_tokens=int(runner.sampling["max_tokens"]))
     task = tcls(task_cfg, ctx)
-    with runner.clock.harness("plan"):  # token counting included
+    with runner.clock.harness("plan"), stage(f"planning {task.name}: building and counting its prompts",
+                                             bool(runner.cfg.progress)):  # token counting included
         return task, runner.plan(task, engine)
 
 

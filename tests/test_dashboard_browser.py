@@ -221,14 +221,36 @@ def test_dashboard_renders_without_errors(browser, demo_report, tmp_path):
         .catch(() => [i.alt, 0, 0])))""")
     assert len(imgs) == n_figures >= 6, imgs
     assert all(w > 100 and shown > 100 for _, w, shown in imgs), imgs
+    # The first figure answers the question: recovery with its CI against the gate, a verdict per point.
+    assert imgs[0][0].startswith("Recovery with its 95% CI against the gate"), imgs
+    first = browser.evaluate(session, """(() => {const f = document.querySelector('#figures figure');
+        return [f.querySelector('img').alt, f.querySelector('figcaption').textContent];})()""")
+    assert "gate" in first[1] and "inconclusive" in first[1], first
     tables = browser.evaluate(session, """[...document.querySelectorAll('table.sortable')]
         .map(t => [t.id, t.tBodies[0].rows.length, t.getBoundingClientRect().height])""")
     ids = {t[0]: t for t in tables}
     assert {"headline", "recovery", "arms", "flips", "signtests"} <= set(ids), tables
     assert all(rows > 0 and height > 20 for _, rows, height in tables), tables
+    # Readable headers: no snake_case on the page (the CSVs keep the column names).
+    heads = browser.evaluate(session, "[...document.querySelectorAll('th')].map(th => th.textContent)")
+    assert heads and not [h for h in heads if "_" in h], heads
+    # Nothing is clipped: at 1400 px and at 1920 px no table is wider than its section, and every verdict's reason
+    # is a wrapped paragraph that fits the page.
+    for width in (1400, 1920):
+        browser.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": 1000, "deviceScaleFactor": 1,
+                                                            "mobile": False}, session=session)
+        overflow = browser.evaluate(session, """[...document.querySelectorAll('table#headline, table#signtests')]
+            .map(t => [t.id, t.getBoundingClientRect().width, t.parentElement.clientWidth])
+            .filter(([, w, room]) => w > room + 1)""")
+        assert overflow == [], (width, overflow)
+        why = browser.evaluate(session, """[...document.querySelectorAll('ul.why li')].map(li =>
+            [li.getBoundingClientRect().right <= document.documentElement.clientWidth, li.textContent.length])""")
+        assert why and all(fits for fits, _ in why) and max(n for _, n in why) > 150, (width, why)
+    browser.send("Emulation.setDeviceMetricsOverride", {"width": 1400, "height": 1000, "deviceScaleFactor": 1,
+                                                        "mobile": False}, session=session)
     # Sorting: click the recovery column of the per-group table, twice.
     col = browser.evaluate(session, """[...document.querySelectorAll('#recovery th')]
-        .findIndex(th => th.textContent === 'recovery_pct')""")
+        .findIndex(th => th.dataset.col === 'recovery_pct')""")
     values = f"""[...document.querySelectorAll('#recovery tbody tr')].map(r => r.cells[{col}].dataset.v)
         .filter(v => v !== '').map(Number)"""
     browser.evaluate(session, f"document.querySelectorAll('#recovery th')[{col}].click()")

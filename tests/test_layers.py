@@ -122,7 +122,7 @@ RANKS = {
     "tasks": 4,
     "engines": 5,
     "records": 6,
-    "report": 7,
+    "report": 7, "export": 7,  # export: lm-eval results, records.parquet, the card, trackers (after summary.json)
     "runner": 8, "arms": 8, "shard": 8, "plan": 8, "token_counts": 8, "overrides": 8, "stopping": 8, "table": 8,
     "control": 8, "anatomy": 8,
     "registry": 9, "wing": 9,  # the shared ConfigStore and resolvers; the one shell of every Hydra wing

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -100,8 +101,34 @@ def test_golden_flips_reference_their_records(golden_report):
     for r in flips.itertuples():
         for col in ("baseline_record", "variant_record"):
             path, _, line = getattr(r, col).rpartition(":")
-            rec = json.loads(Path(path).read_text().splitlines()[int(line) - 1])
+            assert not Path(path).is_absolute()  # relative to the report: a copied report still finds it
+            rec = json.loads((golden_report / path).read_text().splitlines()[int(line) - 1])
             assert (rec["sample_id"], rec["repeat"]) == (r.sample_id, r.repeat)
+            side = "baseline" if col.startswith("baseline") else "variant"
+            assert getattr(r, f"{side}_completion") == rec["completion"]  # both completions, shown side by side
+
+
+def test_report_points_at_nothing_of_this_machine(golden_copy):
+    """Every path a report writes is relative to it: copied with its runs elsewhere, it names no old folder."""
+    out = write_report([golden_copy], golden_copy / "report", n_boot=200, cache=False)
+    moved = golden_copy.parent / "moved"
+    shutil.copytree(golden_copy, moved)
+    for path in (moved / "report").rglob("*"):
+        if path.suffix in (".md", ".html", ".csv", ".json"):
+            assert str(golden_copy) not in path.read_text(encoding="utf-8"), path
+    md = (moved / "report" / "report.md").read_text(encoding="utf-8")
+    assert "## Inputs\n\n- `../outputs/2026-01-01/10-00-00`" in md and out == (golden_copy / "report").resolve()
+    arms = pd.read_csv(moved / "report" / "arms.csv")
+    assert all((moved / "report" / p).is_file() for p in arms["records"])
+
+
+def test_first_figure_is_recovery_with_its_ci(golden_report):
+    md = (golden_report / "report.md").read_text()
+    figures = [line for line in md.splitlines() if line.startswith("![")]
+    assert figures[0].startswith("![Recovery with its 95% CI against the gate](figures/recovery_ci.png)"), figures
+    page = (golden_report / "index.html").read_text()
+    assert page.index('alt="Recovery with its 95% CI against the gate"') < page.index('alt="Recovery heatmap"')
+    assert "_" not in "".join(re.findall(r'<th data-col="[^"]*">([^<]*)</th>', page))  # readable headers
 
 
 def test_report_md_explains_each_verdict(golden_report):

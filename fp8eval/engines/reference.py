@@ -21,6 +21,7 @@ from fp8eval.config import (
     emulation_in_effect,
 )
 from fp8eval.core.hub import known_offline_reason
+from fp8eval.core.progress import stage
 from fp8eval.engines.base import Capabilities, Choice, Completion, EngineBase, EngineError, Request
 from fp8eval.engines.prompting import check_template_kwargs, plain_prompt_text
 from fp8eval.engines.spec import ArmSpec
@@ -206,13 +207,14 @@ class ReferenceEngine(EngineBase):
             from transformers import AutoModelForCausalLM
 
             name = kvcache.register(lambda module: self._shared["active_policy"])
-            try:
-                model = AutoModelForCausalLM.from_pretrained(
-                    self._model_dir(), revision=self.cfg.model.revision,
-                    dtype=getattr(torch, self._compute_dtype_name()), attn_implementation=name)
-            except (OSError, ValueError) as e:
-                raise EngineError(self._unavailable(e)) from e
-            model.to(self._device_name()).eval()
+            with stage(f"loading {self.cfg.model.name} on {self._device_name()}", getattr(self.cfg, "progress", True)):
+                try:
+                    model = AutoModelForCausalLM.from_pretrained(
+                        self._model_dir(), revision=self.cfg.model.revision,
+                        dtype=getattr(torch, self._compute_dtype_name()), attn_implementation=name)
+                except (OSError, ValueError) as e:
+                    raise EngineError(self._unavailable(e)) from e
+                model.to(self._device_name()).eval()
             self._shared[key] = model
         self._model = self._shared[key]
         scales = self._scales

@@ -7,6 +7,7 @@ only records scored in both arms count. Everything left out is counted, never dr
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -311,6 +312,40 @@ RECOVERY_COLUMNS = [
     "ci_method", "diff_pts", "diff_low_pts", "diff_high_pts", "mde_pts", "lost", "gained", "n_clusters",
     "more_samples", "more_repeats", "boot_low", "boot_high",
 ]
+
+
+def attach_completions(flips: pd.DataFrame) -> pd.DataFrame:
+    """The flips with both arms' completions (`baseline_completion`, `variant_completion`), read from the records
+    their `file:line` references name (the report loads arms without completion texts: one pass per file reads
+    only the flipped lines). A line that does not hold the flip's (sample, repeat) gives None, never another text."""
+    wanted: dict[str, set[int]] = {}
+    refs = {}
+    for col in ("baseline_record", "variant_record"):
+        refs[col] = [ref.rpartition(":") if isinstance(ref, str) else ("", "", "") for ref in flips[col]]
+        for path, _, line in refs[col]:
+            if path and line.isdigit():
+                wanted.setdefault(path, set()).add(int(line))
+    lines: dict[tuple[str, int], dict] = {}
+    for path, numbers in wanted.items():
+        try:
+            with open(path, encoding="utf-8") as fh:
+                for i, text in enumerate(fh, 1):
+                    if i in numbers:
+                        try:
+                            lines[(path, i)] = json.loads(text)
+                        except ValueError:
+                            pass
+        except OSError:
+            continue
+    out = flips.copy()
+    for col, side in (("baseline_record", "baseline"), ("variant_record", "variant")):
+        texts = []
+        for (path, _, line), sid, rep in zip(refs[col], flips["sample_id"], flips["repeat"]):
+            rec = lines.get((path, int(line))) if line.isdigit() else None
+            ok = rec is not None and (rec.get("sample_id"), rec.get("repeat")) == (sid, int(rep))
+            texts.append(rec.get("completion") if ok else None)
+        out[f"{side}_completion"] = pd.Series(texts, index=out.index, dtype=object)
+    return out
 
 
 # --- per-arm numbers for the figures -----------------------------------------------------------------

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pandas as pd
@@ -16,6 +17,7 @@ import fp8eval.report.render as render
 import fp8eval.report.verdicts as verdicts
 import fp8eval.report.worth as worth
 from fp8eval.core.csvio import write_csv
+from fp8eval.core.progress import stage
 from fp8eval.report.load import load_runs
 
 
@@ -37,9 +39,11 @@ def build_report(paths: list[Path], out: Path, *, n_boot: int, level: float, see
     th = verdicts.Thresholds.from_kwargs(**thresholds)
     settings = analysis.Settings(n_boot=n_boot, level=level, seed=seed, gate=th.gate, right_at=th.right_at,
                                  margin=th.unsure_margin)
-    runs, arms = load_runs(paths)
-    pairs, refused = analysis.build_pairs(runs, strict=strict)
-    table, notes = analysis.recovery_table(pairs, settings)
+    with stage("report: reading the runs' records"):
+        runs, arms = load_runs(paths)
+    with stage(f"report: pairing {len(arms)} arm(s) of {len(runs)} run(s), recovery with CIs ({n_boot} bootstrap draws)"):
+        pairs, refused = analysis.build_pairs(runs, strict=strict)
+        table, notes = analysis.recovery_table(pairs, settings)
     notes = _store_wider_than_run(runs) + notes
     table = verdicts.apply_run_decisions(verdicts.add_verdicts(table, th, level), runs)  # one decision per run
     headline = verdicts.headline_rows(table)
@@ -52,6 +56,7 @@ def build_report(paths: list[Path], out: Path, *, n_boot: int, level: float, see
     flips = flips.sort_values(["model", "task", "variant", "direction", "sample_id", "repeat"],
                               kind="stable").reset_index(drop=True)
     flips = noise.attach_anatomy(flips, pairs)  # where each flip's completions part (fp8eval.anatomy)
+    flips = analysis.attach_completions(flips)
     noise_floor = noise.noise_table(runs, th.right_at, level)
     controls = noise.control_labels(runs)  # a control arm is a noise floor, not a variant to decide on
     decisions = verdicts.decisions(headline[~headline["variant"].isin(controls)], sign_tests, th.shift_margin)
@@ -59,7 +64,12 @@ def build_report(paths: list[Path], out: Path, *, n_boot: int, level: float, see
 
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    figs = figures.all_figures(arm_stats, pairs, headline, th.gate, out / "figures")
+    # Paths relative to the report, so a copied or moved report (with its runs) points at nothing of this machine.
+    arm_stats["records"] = arm_stats["records"].map(lambda p: relative(p, out)) if len(arm_stats) else []
+    for col in ("baseline_record", "variant_record"):
+        flips[col] = flips[col].map(lambda ref: _relative_ref(ref, out))
+    with stage("report: drawing the figures"):
+        figs = figures.all_figures(arm_stats, pairs, table, headline, th.gate, level, out / "figures")
     write_csv(table.drop(columns=["why"]).round(6), out / "recovery.csv")  # text cells never run as formulas
     write_csv(flips.round(6), out / "flips.csv")
     if len(noise_floor):
@@ -67,9 +77,11 @@ def build_report(paths: list[Path], out: Path, *, n_boot: int, level: float, see
     write_csv(arm_stats.round(6), out / "arms.csv")
     by_backend = backends.backend_table(runs)
     if len(by_backend):
+        by_backend["run_dir"] = by_backend["run_dir"].map(lambda p: relative(p, out))
         write_csv(by_backend.round(6), out / "backends.csv")
+    inputs = [Path(relative(r.run_dir, out)) for r in runs]
     data = render.ReportData(table, headline, arm_stats, sign_tests, flips, decisions, figs, th, level,
-                             n_boot, [r.run_dir for r in runs], notes, refused, by_backend, noise_floor)
+                             n_boot, inputs, notes, refused, by_backend, noise_floor)
     worth_entries = worth.write(paths, table, th.gate, out)  # perf.json beside recovery, when present
     (out / "report.md").write_text(render.render_markdown(data, out) + worth.markdown(worth_entries),
                                    encoding="utf-8")
@@ -84,6 +96,20 @@ def build_report(paths: list[Path], out: Path, *, n_boot: int, level: float, see
         "refused": refused, "notes": notes,
     }), indent=2, default=str) + "\n", encoding="utf-8")
     return out
+
+
+def relative(path, out: Path) -> str:
+    """`path` relative to the report directory `out`, with forward slashes (what report.md, index.html and the
+    CSVs show)."""
+    return Path(os.path.relpath(Path(path).resolve(), out)).as_posix()
+
+
+def _relative_ref(ref, out: Path):
+    """A `file:line` record reference with its file relative to `out`."""
+    if not isinstance(ref, str) or ":" not in ref:
+        return ref
+    path, _, line = ref.rpartition(":")
+    return f"{relative(path, out)}:{line}"
 
 
 def _store_wider_than_run(runs) -> list[str]:

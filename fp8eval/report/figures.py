@@ -1,10 +1,15 @@
 """The report's figures, as PNG and SVG, in the seed study's style.
 
-- pass@1 per context bucket with a ±1 stderr band per arm (MRCR; any task with length buckets),
-- overall score bars per arm with ±1 stderr error bars (the reasoning benchmarks),
+- first, recovery with the verdict's CI per task and group against the gate (`fp8eval.report.forest`),
+- a recovery heatmap across model × variant (rows) and task (columns), coloured by the verdicts,
+- pass@1 per context bucket per arm, each variant with the verdict's CI of its difference from the baseline
+  (MRCR; any task with length buckets),
+- overall score bars per arm, each variant with that same interval (the reasoning benchmarks),
 - needle heatmaps, context length × depth, per arm and variant − baseline, built from each record's
-  groups (`ctx=...`, `depth=...`),
-- a recovery heatmap across model × variant (rows) and task (columns), marked with the verdicts.
+  groups (`ctx=...`, `depth=...`).
+
+Colours are colour-blind safe (seaborn's "colorblind" palette, Okabe-Ito for verdicts, cividis and a
+blue-red diverging map for heatmaps): nothing depends on telling red from green.
 
 matplotlib runs headless (Agg) and is imported here only, so `fp8eval.report` stays cheap to import.
 """
@@ -29,6 +34,7 @@ from fp8eval.metrics.groups import (
     split_label,
 )
 from fp8eval.report.analysis import Pair, cell_table
+from fp8eval.report.forest import VERDICT_FILL, recovery_ci_figure, verdict_ci, verdict_diff
 from fp8eval.report.load import Arm
 
 
@@ -93,10 +99,26 @@ def _palette(sns, order: list[str], baselines: set[str]) -> dict[str, tuple]:
     return out
 
 
-def bucket_figure(model: str, task: str, arm_stats: pd.DataFrame, baselines: set[str],
-                  out_dir: Path) -> Figure | None:
-    """Score per context bucket of every arm of one (model, task), with ±1 stderr bands; None without a length family of
-    at least two scored buckets."""
+def _verdict_band(table: pd.DataFrame, model: str, task: str, arm: str, groups: list[str]) -> np.ndarray | None:
+    """Per group, the score interval (low, high) of a variant arm from the verdict's CI of its difference from
+    its baseline (baseline score + diff CI): the same interval the verdict judges, on the score scale. None for
+    a baseline (or an arm with no recovery row)."""
+    rows = table[(table["model"] == model) & (table["task"] == task) & (table["variant"] == arm)]
+    if rows.empty:
+        return None
+    rows = rows.drop_duplicates("group").set_index("group")
+    out = np.full((len(groups), 2), np.nan)
+    for i, g in enumerate(groups):
+        if g in rows.index:
+            lo, hi = verdict_diff(rows.loc[g])
+            out[i] = [rows.loc[g, "baseline_score"] + lo / 100.0, rows.loc[g, "baseline_score"] + hi / 100.0]
+    return out
+
+
+def bucket_figure(model: str, task: str, arm_stats: pd.DataFrame, baselines: set[str], table: pd.DataFrame,
+                  level: float, out_dir: Path) -> Figure | None:
+    """Score per context bucket of every arm of one (model, task), each variant with the verdict's CI band; None
+    without a length family of at least two scored buckets."""
     sub = arm_stats[(arm_stats["model"] == model) & (arm_stats["task"] == task)]
     fam = length_family([g for g in sub["group"] if g != "all"])
     if fam is None:
@@ -117,23 +139,29 @@ def bucket_figure(model: str, task: str, arm_stats: pd.DataFrame, baselines: set
     x = np.arange(len(labels))
     for arm in order:
         a = sub[sub["arm"] == arm].set_index("group").reindex(labels)
-        y, e = a["score"].to_numpy(float), a["stderr"].fillna(0).to_numpy(float)
+        y = a["score"].to_numpy(float)
         ax.plot(x, y, marker="o", lw=2, color=pal[arm], label=arm)
-        ax.fill_between(x, y - e, y + e, color=pal[arm], alpha=0.2, lw=0)
+        band = None if arm in baselines else _verdict_band(table, model, task, arm, labels)
+        if band is not None:
+            ax.fill_between(x, band[:, 0], band[:, 1], color=pal[arm], alpha=0.2, lw=0)
     ax.set_xticks(x, [short_size(s) for s in sizes])
     ax.set_xlabel("context bucket (tokens)" if fam == "bucket" else f"{fam} (tokens)")
     ax.set_ylabel("pass@1 (mean over repeats)")
     ax.set_ylim(-0.02, 1.02)
     ax.set_title(f"{model} · {task}: pass@1 per bucket")
     ax.legend(title="KV cache", frameon=True)
-    cap = "Lines: mean pass@1 of each arm per bucket; bands: ±1 stderr (across repeats when repeated)."
+    cap = (f"Lines: mean pass@1 of each arm per bucket (over the arm's scored records); band around each variant:"
+           f" the baseline's score plus the verdict's {level * 100:.0f}% CI of variant − baseline on the paired"
+           " records (the interval the verdict judges, recovery.csv's diff_low_pts–diff_high_pts).")
     if unscored:
         cap += f" Not scored in any arm (all records skipped): {', '.join(unscored)}."
     return _save(fig, out_dir, slug("buckets", model, task), f"{model} · {task} per bucket", cap)
 
 
-def bars_figure(model: str, arm_stats: pd.DataFrame, baselines: set[str], out_dir: Path) -> Figure | None:
-    """Bars of every arm's overall score per task for one model, with ±1 stderr; None without rows."""
+def bars_figure(model: str, arm_stats: pd.DataFrame, baselines: set[str], table: pd.DataFrame, level: float,
+                out_dir: Path) -> Figure | None:
+    """Bars of every arm's overall score per task for one model, each variant with the verdict's CI of its
+    difference from the baseline; None without rows."""
     sub = arm_stats[(arm_stats["model"] == model) & (arm_stats["group"] == "all")]
     if sub.empty:
         return None
@@ -146,19 +174,26 @@ def bars_figure(model: str, arm_stats: pd.DataFrame, baselines: set[str], out_di
     for i, arm in enumerate(order):
         a = sub[sub["arm"] == arm].set_index("task").reindex(tasks)
         xs = np.arange(len(tasks)) - 0.4 + width * (i + 0.5)
-        y, e = a["score"].to_numpy(float), a["stderr"].fillna(0).to_numpy(float)
-        bars = ax.bar(xs, y, width * 0.95, yerr=e, capsize=4, color=pal[arm], label=arm,
+        y = a["score"].to_numpy(float)
+        band = None
+        if arm not in baselines:
+            parts = [_verdict_band(table, model, t, arm, ["all"]) for t in tasks]
+            band = np.array([p[0] if p is not None else (np.nan, np.nan) for p in parts])
+        err = None if band is None else np.nan_to_num(np.abs(band.T - y), nan=0.0)
+        bars = ax.bar(xs, y, width * 0.95, yerr=err, capsize=4, color=pal[arm], label=arm,
                       error_kw={"elinewidth": 1.2, "ecolor": "#333333"})
-        for bar, val, err in zip(bars, y, e):
+        tops = y if err is None else y + err[1]
+        for bar, val, top in zip(bars, y, tops):
             if math.isfinite(val):
-                ax.annotate(f"{val * 100:.1f}", (bar.get_x() + bar.get_width() / 2, val + err),
+                ax.annotate(f"{val * 100:.1f}", (bar.get_x() + bar.get_width() / 2, top),
                             xytext=(0, 3), textcoords="offset points", ha="center", fontsize=8)
     ax.set_xticks(np.arange(len(tasks)), tasks)
     ax.set_ylabel("score (pass@1)")
-    ax.set_ylim(0, 1.12)
+    ax.set_ylim(0, 1.18)
     ax.set_title(f"{model}: score per task and KV cache")
     ax.legend(title="KV cache", frameon=True, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    cap = "Bars: mean score per arm; error bars: ±1 stderr (across repeats when repeated). Labels in %."
+    cap = (f"Bars: mean score per arm (labels in %); error bar on each variant: the baseline's score plus the"
+           f" verdict's {level * 100:.0f}% CI of variant − baseline on the paired records (what the verdict judges).")
     return _save(fig, out_dir, slug("scores", model), f"{model} · scores per task", cap)
 
 
@@ -217,7 +252,7 @@ def needle_figure(model: str, task: str, pairs: list[Pair], out_dir: Path) -> Fi
             sns.heatmap(show, ax=ax, cmap="RdBu", center=0, vmin=-1, vmax=1, annot=True, fmt=".2f",
                         annot_kws={"fontsize": 7}, cbar_kws={"label": "Δ score"})
         else:
-            sns.heatmap(show, ax=ax, cmap="RdYlGn", vmin=0, vmax=1, annot=True, fmt=".2f",
+            sns.heatmap(show, ax=ax, cmap="cividis", vmin=0, vmax=1, annot=True, fmt=".2f",
                         annot_kws={"fontsize": 7}, cbar_kws={"label": "score"})
         ax.grid(False)
         ax.set_title(title)
@@ -231,53 +266,66 @@ def needle_figure(model: str, task: str, pairs: list[Pair], out_dir: Path) -> Fi
 
 
 def recovery_heatmap(headline: pd.DataFrame, gate: float, out_dir: Path) -> Figure | None:
-    """Headline recovery % of every (model, variant vs baseline) by task, coloured around the gate and marked with the
+    """Headline recovery % of every (model, variant vs baseline) by task, each cell coloured by its verdict (an
+    inconclusive one grey and hatched, never painted like a fail) and labelled with the recovery, its CI and the
     verdict; None when no recovery is defined."""
     if headline.empty:
         return None
-    plt, sns = _plt()
-    from matplotlib.colors import TwoSlopeNorm
+    plt, _ = _plt()
+    from matplotlib.colors import ListedColormap
+    from matplotlib.patches import Patch, Rectangle
 
     h = headline.assign(row=headline["model"] + " · " + headline["variant"] + " vs " + headline["baseline"],
                         col=np.where(headline["group"] == "all", headline["task"],
                                      headline["task"] + " (" + headline["group"] + ")"))
-    grid = h.pivot_table(index="row", columns="col", values="recovery_pct", aggfunc="first")
-    if grid.empty:  # no pair has a defined recovery (e.g. every baseline scored 0)
+    if not np.isfinite(h["recovery_pct"].to_numpy(float)).any():  # e.g. every baseline scored 0
         return None
-    marks = h.pivot_table(index="row", columns="col", values="verdict", aggfunc="first")
-    symbol = {"pass": "✓", "fail": "✗", "inconclusive": "?", "n/a": ""}
-    annot = grid.copy().astype(object)
-    for r in grid.index:
-        for c in grid.columns:
-            val = grid.loc[r, c]
-            annot.loc[r, c] = "" if not np.isfinite(val) else f"{val:.1f}{symbol.get(marks.loc[r, c], '')}"
-    finite = grid.to_numpy(float)[np.isfinite(grid.to_numpy(float))]
-    lo = min(gate - 10.0, float(finite.min()) if finite.size else gate - 10.0)
-    hi = max(105.0, float(finite.max()) if finite.size else 105.0)
-    norm = TwoSlopeNorm(vmin=lo, vcenter=gate, vmax=hi)
-    fig, ax = plt.subplots(figsize=(max(5.5, 1.7 * grid.shape[1] + 3.5), max(2.4, 0.7 * grid.shape[0] + 1.4)))
-    ax.set_facecolor("#eeeeee")  # no pair for this model/variant and task
-    sns.heatmap(grid, ax=ax, cmap="RdYlGn", norm=norm, annot=annot.to_numpy(), fmt="",
-                cbar_kws={"label": "recovery % (variant / baseline)"}, linewidths=1.0, linecolor="white")
+    rows, cols = sorted(h["row"].unique()), sorted(h["col"].unique())
+    order = list(VERDICT_FILL)
+    codes = np.full((len(rows), len(cols)), np.nan)
+    fig, ax = plt.subplots(figsize=(max(5.5, 1.9 * len(cols) + 3.5), max(2.4, 0.8 * len(rows) + 1.6)))
+    for _, r in h.iterrows():
+        i, j = rows.index(r["row"]), cols.index(r["col"])
+        rec, lo, hi, verdict = verdict_ci(r)
+        codes[i, j] = order.index(verdict) if verdict in order else order.index("n/a")
+        ci = f"[{lo:.0f}–{hi:.0f}]" if math.isfinite(lo) and math.isfinite(hi) else \
+            (f"[{lo:.0f}–∞]" if math.isfinite(lo) else "")
+        text = f"{rec:.1f}%\n{ci}\n{verdict}" if math.isfinite(rec) else verdict
+        ax.text(j, i, text, ha="center", va="center", fontsize=8, color="#1d2330")
+        if verdict == "inconclusive":
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor="#9a9a9a", lw=0))
+    ax.set_facecolor("#f4f4f4")  # no pair for this model/variant and task
+    ax.imshow(np.ma.masked_invalid(codes), cmap=ListedColormap([VERDICT_FILL[v] for v in order]), vmin=-0.5,
+              vmax=len(order) - 0.5, aspect="auto")
+    ax.set_xticks(range(len(cols)), cols)
+    ax.set_yticks(range(len(rows)), rows)
+    ax.set_xticks(np.arange(-0.5, len(cols)), minor=True)
+    ax.set_yticks(np.arange(-0.5, len(rows)), minor=True)
     ax.grid(False)
+    ax.grid(which="minor", color="white", lw=2)
+    ax.tick_params(which="minor", length=0)
     ax.set_xlabel("task (headline metric)")
-    ax.set_ylabel("")
     ax.set_title(f"Recovery across models, tasks and KV variants (gate {gate:g}%)")
-    cap = (f"Cell: headline recovery % (AUC for MRCR, overall pass@1 otherwise); ✓ pass, ✗ fail, ? inconclusive"
-           f" against the {gate:g}% gate with its CI. Colour centred on the gate; grey: not run.")
+    ax.legend(handles=[Patch(facecolor=VERDICT_FILL[v], edgecolor="#9a9a9a", hatch="///" if v == "inconclusive"
+                             else None, label=v) for v in order], loc="upper left", bbox_to_anchor=(1.01, 1.0),
+              frameon=False, title="verdict")
+    cap = (f"Cell: headline recovery % (AUC for MRCR, overall pass@1 otherwise), its CI and its verdict against the"
+           f" {gate:g}% gate; colour by verdict: blue pass, orange fail, grey hatched inconclusive (colour-blind"
+           " safe); light grey: not run.")
     return _save(fig, out_dir, "recovery_heatmap", "Recovery heatmap", cap)
 
 
-def all_figures(arm_stats: pd.DataFrame, pairs: list[Pair], headline: pd.DataFrame, gate: float,
-                out_dir: Path) -> list[Figure]:
-    """Every figure the report shows (heatmap, then per model its bars, bucket and needle figures), saved under
-    `out_dir`; the ones that do not apply are left out."""
+def all_figures(arm_stats: pd.DataFrame, pairs: list[Pair], table: pd.DataFrame, headline: pd.DataFrame,
+                gate: float, level: float, out_dir: Path) -> list[Figure]:
+    """Every figure the report shows (recovery with its CI against the gate, the heatmap, then per model its bars,
+    bucket and needle figures), saved under `out_dir`; the ones that do not apply are left out."""
     out_dir.mkdir(parents=True, exist_ok=True)
     baselines = {p.baseline.label for p in pairs}
-    figs: list[Figure | None] = [recovery_heatmap(headline, gate, out_dir)]
+    figs: list[Figure | None] = [recovery_ci_figure(table, gate, level, out_dir, _plt()[0], _save),
+                                 recovery_heatmap(headline, gate, out_dir)]
     for model in sorted(arm_stats["model"].unique()):
-        figs.append(bars_figure(model, arm_stats, baselines, out_dir))
+        figs.append(bars_figure(model, arm_stats, baselines, table, level, out_dir))
         for task in sorted(arm_stats[arm_stats["model"] == model]["task"].unique()):
-            figs.append(bucket_figure(model, task, arm_stats, baselines, out_dir))
+            figs.append(bucket_figure(model, task, arm_stats, baselines, table, level, out_dir))
             figs.append(needle_figure(model, task, pairs, out_dir))
     return [f for f in figs if f is not None]

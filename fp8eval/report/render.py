@@ -1,5 +1,8 @@
 """report.md and the self-contained index.html.
 
+Verdict badges use the figures' colour-blind-safe colours (fp8eval.report.forest): blue pass, vermillion fail,
+grey dashed inconclusive; no red-green pair anywhere.
+
 The HTML loads nothing: figures are inlined as base64 PNG, styles and the table-sorting script are
 inline, and a Content-Security-Policy forbids any other source, so the page cannot touch the network.
 """
@@ -20,6 +23,7 @@ from fp8eval.report.figures import Figure
 from fp8eval.report.verdicts import SignTest, Thresholds
 
 FLIPS_SHOWN = 200  # per page section; the full list is always in flips.csv
+COMPLETION_SHOWN = 600  # characters of each completion in the page's flip table
 
 
 @dataclass
@@ -159,13 +163,15 @@ h2{font-size:17px;margin:2px 0 10px}
 table{border-collapse:collapse;width:100%;font-size:13px}
 th,td{padding:5px 8px;border-bottom:1px solid #eceef2;text-align:left;white-space:nowrap}
 td.num{text-align:right;font-variant-numeric:tabular-nums}
-td.wrap{white-space:normal;min-width:220px}
+td.wrap{white-space:normal;min-width:160px;max-width:420px;overflow-wrap:anywhere}
+td.long{min-width:260px;font-family:ui-monospace,monospace;font-size:12px;white-space:pre-wrap}
+h3{font-size:14px;margin:12px 0 4px}ul.why{margin:0;padding-left:20px}ul.why li{margin:3px 0;overflow-wrap:anywhere}
 th{background:#f0f2f6;cursor:pointer;user-select:none;position:sticky;top:0}
 th[aria-sort=ascending]::after{content:" ▲"} th[aria-sort=descending]::after{content:" ▼"}
 .scroll{max-height:520px;overflow:auto}.full{overflow-x:auto}
 .badge{display:inline-block;padding:1px 8px;border-radius:10px;font-weight:600;font-size:12px}
-.pass,.keep{background:#d7f2dd;color:#14622b}.fail,.stay{background:#fbdcdc;color:#8a1c1c}
-.inconclusive,.undecided,.na{background:#fdf0cf;color:#7a5500}.calibrate{background:#e2e6fb;color:#2b3a8f}
+.pass,.keep{background:#d4e6f5;color:#08467a}.fail,.stay{background:#f8d6bf;color:#8a3300}
+.inconclusive,.undecided,.na{background:#ececec;color:#333;border:1px dashed #8a8a8a}.calibrate{background:#fdf0cf;color:#6b4a00}
 .decision{margin:6px 0}
 figure{margin:10px 0 22px}figure img{max-width:100%;height:auto;border:1px solid #eceef2}
 figcaption{color:#555;font-size:12.5px;margin-top:4px}
@@ -203,12 +209,36 @@ def _cell(value, kind: str = "text") -> str:
     if kind == "verdict":
         cls = "na" if value == "n/a" else html.escape(str(value))
         return f'<td><span class="badge {cls}">{html.escape(str(value))}</span></td>'
+    if kind == "long":  # a completion: wrapped, cut at COMPLETION_SHOWN characters (flips.csv has it whole)
+        text = "" if value is None or (isinstance(value, float) and not math.isfinite(value)) else str(value)
+        cut = text[:COMPLETION_SHOWN] + (" …" if len(text) > COMPLETION_SHOWN else "")
+        return f'<td class="wrap long">{html.escape(cut)}</td>'
     cls = ' class="wrap"' if kind == "wrap" else ""
     return f"<td{cls}>{html.escape('' if value is None else str(value))}</td>"
 
 
+# Column -> header shown on the page (the CSVs keep the column names). A column not listed is shown with its
+# underscores as spaces.
+HEADERS = {
+    "baseline_score": "baseline score", "variant_score": "variant score", "recovery_pct": "recovery",
+    "ci_low": "CI low", "ci_high": "CI high", "ci": "CI", "ci_method": "CI method", "n": "pairs", "n_samples": "samples",
+    "n_repeats": "repeats", "mde_pts": "MDE (points)", "baseline_cutoff_rate": "baseline cut off",
+    "variant_cutoff_rate": "variant cut off", "n_excluded": "excluded", "more_samples": "more samples to decide",
+    "more_repeats": "more repeats to decide", "attention_backend": "attention backend", "run_dir": "run",
+    "p_value": "p-value", "cutoff_rate": "cut off", "n_skipped": "skipped", "n_errors": "errors",
+    "sample_id": "sample", "baseline_extracted": "baseline answer", "variant_extracted": "variant answer",
+    "baseline_completion": "baseline completion", "variant_completion": "variant completion",
+    "baseline_record": "baseline record", "variant_record": "variant record", "stderr": "std. error",
+}
+
+
+def header(column: str) -> str:
+    """The readable header of a column (HEADERS, else its underscores as spaces)."""
+    return HEADERS.get(column, column.replace("_", " "))
+
+
 def _table(df: pd.DataFrame, kinds: dict[str, str], table_id: str, scroll: bool = True) -> str:
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in kinds)
+    head = "".join(f'<th data-col="{html.escape(c)}">{html.escape(header(c))}</th>' for c in kinds)
     body = []
     for _, r in df.iterrows():
         body.append("<tr>" + "".join(_cell(r[c], k) for c, k in kinds.items()) + "</tr>")
@@ -221,6 +251,14 @@ def _img(fig: Figure) -> str:
     data = base64.b64encode(fig.png.read_bytes()).decode("ascii")
     return (f'<figure><img alt="{html.escape(fig.title)}" src="data:image/png;base64,{data}">'
             f"<figcaption>{html.escape(fig.caption)}</figcaption></figure>")
+
+
+def _why_list(headline: pd.DataFrame) -> str:
+    """Each headline verdict's reason as a wrapped paragraph under the table (in a column it was clipped)."""
+    items = "".join(f'<li><b>{html.escape(f"{r.model} · {r.task} · {r.variant}")}</b>: {_cell(r.verdict, "verdict")[4:-5]}'
+                    f" {html.escape(str(r.why))} <span class=\"note\">(CI: {html.escape(str(r.ci_method))})</span>.</li>"
+                    for r in headline.itertuples())
+    return f'<h3>Why</h3><ul class="why">{items}</ul>' if items else ""
 
 
 def render_html(d: ReportData) -> str:
@@ -236,12 +274,14 @@ def render_html(d: ReportData) -> str:
         f'<b>{html.escape(x["model"])} · {html.escape(x["variant"])} vs {html.escape(x["baseline"])}</b>: '
         f'{html.escape(x["text"])}</p>' for x in d.decisions) or "<p>No baseline/variant pair found.</p>"
     parts.append(f"<section><h2>Decision</h2>{dec}</section>")
-    head = d.headline.assign(metric=d.headline.apply(lambda r: r["group"] if r["metric"] == "auc" else "pass@1", axis=1))
+    head = d.headline.assign(metric=d.headline.apply(lambda r: r["group"] if r["metric"] == "auc" else "pass@1", axis=1),
+                             ci=[_ci(r) + ("%" if math.isfinite(r.ci_low) else "") for r in d.headline.itertuples()])
+    # As narrow as the page: the CI in one column, its method and the reason in the list under the table.
     parts.append("<section><h2>Headline recovery</h2>" + _table(head, {
         "model": "text", "task": "text", "baseline": "text", "variant": "text", "metric": "text",
-        "baseline_score": "num", "variant_score": "num", "recovery_pct": "pct", "ci_low": "pct",
-        "ci_high": "pct", "ci_method": "text", "n": "num", "lost": "num", "gained": "num", "mde_pts": "num",
-        "verdict": "verdict", "why": "wrap"}, "headline", scroll=False) + "</section>")
+        "baseline_score": "num", "variant_score": "num", "recovery_pct": "pct", "ci": "text", "n": "num",
+        "lost": "num", "gained": "num", "mde_pts": "num", "verdict": "verdict"}, "headline", scroll=False)
+        + _why_list(d.headline) + "</section>")
     if d.backends is not None and len(d.backends):
         parts.append("<section><h2>Recovery by attention backend</h2>" + _table(d.backends, {
             "model": "text", "task": "text", "baseline": "text", "variant": "text", "attention_backend": "text",
@@ -282,7 +322,8 @@ def render_html(d: ReportData) -> str:
     parts.append("<section><h2>Flips</h2>" + flips_note + _table(d.flips.head(FLIPS_SHOWN), {
         "model": "text", "task": "text", "variant": "text", "direction": "text", "sample_id": "text",
         "repeat": "num", "groups": "text", "baseline_score": "num", "variant_score": "num",
-        "variant_extracted": "text", **{c: "text" for c in noise.ANATOMY_COLUMNS.values()},
+        "baseline_extracted": "text", "variant_extracted": "text", "baseline_completion": "long",
+        "variant_completion": "long", **{c: "text" for c in noise.ANATOMY_COLUMNS.values()},
         "baseline_record": "text", "variant_record": "text"}, "flips")
         + "</section>")
     notes = [html.escape(n) for n in d.notes] + [f"<code>{html.escape(str(p))}</code>" for p in d.run_dirs]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterable
 
@@ -34,6 +35,8 @@ def write_report(paths: Iterable[Path], out: Path | None = None, *, n_boot: int 
                     "thresholds": dict(sorted(thresholds.items()))}
         settings["perf"] = perf_key(paths)  # a new or changed perf.json rebuilds the "worth it?" view
         run_dirs = find_run_dirs(paths)
+        # The report shows its inputs relative to itself: a cached copy fits only the same layout.
+        settings["layout"] = [os.path.relpath(Path(d).resolve(), out) for d in run_dirs]
         key = report_cache.report_key(run_dirs, settings)
         if key and report_cache.restore(key, run_dirs, out):
             return out

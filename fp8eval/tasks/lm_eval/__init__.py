@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
 from fp8eval.config import TaskConfig
+from fp8eval.core.progress import stage
 from fp8eval.tasks.base import Prompt, Sample, Score, Task
 
 BRIDGE_VERSION = "1"  # bump when the mapping between lm-eval and fp8eval changes a prompt or a score
@@ -57,10 +58,12 @@ class LmEvalTask(Task):
             from fp8eval.tasks.lm_eval import bridge
 
             cfg = self.cfg
-            loaded = bridge.load(list(cfg.tasks), cfg.include_path, dict(cfg.metadata), cfg.offline)
-            bridge.build_instances(loaded, limit=cfg.limit, num_fewshot=cfg.num_fewshot,
-                                   fewshot_seed=cfg.fewshot_seed, system_instruction=cfg.system_instruction,
-                                   apply_chat_template=cfg.apply_chat_template)
+            names = ", ".join(str(t if not isinstance(t, dict) else t.get("task", t)) for t in cfg.tasks)[:120]
+            with stage(f"lm-eval: indexing its tasks and building the requests of {names or 'no task'}"):
+                loaded = bridge.load(list(cfg.tasks), cfg.include_path, dict(cfg.metadata), cfg.offline)
+                bridge.build_instances(loaded, limit=cfg.limit, num_fewshot=cfg.num_fewshot,
+                                       fewshot_seed=cfg.fewshot_seed, system_instruction=cfg.system_instruction,
+                                       apply_chat_template=cfg.apply_chat_template)
             self._loaded = loaded
         return self._loaded
 
