@@ -65,6 +65,19 @@ def summary_of(proc: subprocess.CompletedProcess) -> dict:
     return json.loads((run_dir / "summary.json").read_text())
 
 
+def fake_vllm(monkeypatch) -> None:
+    """Stand-in `vllm` and `vllm.inputs` modules for the worker-side code under test: SamplingParams and TokensPrompt
+    give back what they were built from."""
+    import types
+
+    fake = types.ModuleType("vllm")
+    fake.SamplingParams = lambda **kw: kw
+    inputs = types.ModuleType("vllm.inputs")
+    inputs.TokensPrompt = lambda prompt_token_ids: prompt_token_ids
+    monkeypatch.setitem(sys.modules, "vllm", fake)
+    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+
+
 @pytest.fixture
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():

@@ -74,12 +74,9 @@ class _Lp:
 def test_decode_logprobs_reads_each_steps_top_k_and_the_forced_tokens_own(monkeypatch):
     """Forced decoding: the first token is the prompt, the rest forced through the processor; each step's k best and the
     forced token's raw log-prob (also below the top k); a generation that left the passage is an error."""
-    fake = types.ModuleType("vllm")
-    fake.SamplingParams = lambda **kw: kw
-    inputs = types.ModuleType("vllm.inputs")
-    inputs.TokensPrompt = lambda prompt_token_ids: prompt_token_ids
-    monkeypatch.setitem(sys.modules, "vllm", fake)
-    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    from conftest import fake_vllm
+
+    fake_vllm(monkeypatch)
 
     class LLM:
         llm_engine = types.SimpleNamespace(model_config=types.SimpleNamespace(logprobs_mode="raw_logprobs"))

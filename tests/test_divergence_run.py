@@ -125,7 +125,6 @@ def test_topk_path_with_a_vllm_like_engine(tmp_path, monkeypatch):
 def test_vllm_worker_prompt_logprobs_parsing(monkeypatch):
     """The worker's prompt_logprobs op against a stand-in vLLM: the first position (None) is dropped and each
     position keeps its k most likely tokens, even when the prompt token ranks below k."""
-    import sys
     import types
     from dataclasses import dataclass
 
@@ -136,12 +135,9 @@ def test_vllm_worker_prompt_logprobs_parsing(monkeypatch):
         logprob: float
         rank: int
 
-    fake = types.ModuleType("vllm")
-    fake.SamplingParams = lambda **kw: kw
-    inputs = types.ModuleType("vllm.inputs")
-    inputs.TokensPrompt = lambda prompt_token_ids: prompt_token_ids
-    monkeypatch.setitem(sys.modules, "vllm", fake)
-    monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
+    from conftest import fake_vllm
+
+    fake_vllm(monkeypatch)
 
     class LLM:
         def generate(self, prompts, params, use_tqdm=False):
