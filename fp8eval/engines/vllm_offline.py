@@ -94,8 +94,7 @@ class VLLMOfflineEngine(EngineBase):
                     "vLLM started, but not with the KV cache this arm asks for: " + "; ".join(problems)
                     + ". Refusing to run, so no record claims a KV config it did not use. Fix the "
                     "kv option's engine_args, or set `engine.trust_declared_kv=true` to run anyway "
-                    "(recorded in the arm's fingerprint)."
-                )
+                    "(recorded in the arm's fingerprint).")
             self.preflight["kv_mismatch_trusted"] = problems
             kvcheck.warn_trusted(self.kv.name, "vLLM", problems)
         self.knob_audit = knob_live.audit_started(self, reply.get("knob_readback"))
