@@ -78,6 +78,16 @@ def fake_vllm(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
 
 
+@pytest.fixture(autouse=True)
+def _forget_learned_secrets():
+    """Secret values learned by one test (fp8eval.core.secrets.learn) are masked for the rest of the process: forget
+    them after each test, so a test's password ("pass") does not mask another test's output ("pass@1")."""
+    yield
+    from fp8eval.core.secrets import forget_learned
+
+    forget_learned()
+
+
 @pytest.fixture
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():

@@ -227,15 +227,17 @@ def test_worth_view_buckets_and_verdict(tmp_path):
     (tmp_path / "perf.json").write_text(json.dumps(_perf_fixture("m")))
     rows = [("all", 99.0), ("ctx=2048", 100.0), ("ctx=8192", 99.0), ("ctx=32768", 98.4)]
     table = pd.DataFrame([{"model": "m", "task": "niah", "variant": "fp8", "group": g, "recovery_pct": r,
-                           "ci_low": r - 2, "n": 20} for g, r in rows])
+                           "ci_low": r - 2, "ci_high": r + 2, "n": 20} for g, r in rows])
     (entry,) = worth.view(worth.find_perf([tmp_path]), table, gate=95.0)
     assert entry["break_even_tokens"] == pytest.approx(7000)
-    assert entry["verdict"].startswith("FP8 KV: yes for contexts above ~7k tokens, recovery ≥ 98.4 % there")
+    assert entry["verdict"].startswith("FP8 KV: yes for contexts above ~7k tokens: every bucket there passes the 95 % "
+                                       "gate (CI lower ends ≥ 96.4 %)")
     by = {b["bucket"]: b for b in entry["buckets"]}
     assert by["ctx=2048"]["itl_change_pct"] > 0 > by["ctx=32768"]["itl_change_pct"]  # slower short, faster long
-    table.loc[table["group"] == "ctx=32768", "recovery_pct"] = 90.0
+    table.loc[table["group"] == "ctx=32768", ["recovery_pct", "ci_low", "ci_high"]] = [90.0, 88.0, 92.0]
     (entry,) = worth.view(worth.find_perf([tmp_path]), table, gate=95.0)
-    assert "falls to 90.0 %" in entry["verdict"] and "not worth it" in entry["verdict"]
+    assert "fails the 95 % gate" in entry["verdict"] and "worst recovery 90.0 %" in entry["verdict"]
+    assert "not worth it" in entry["verdict"]
     never = _perf_fixture("m", be_slopes=(2e-5, 3e-5))
     (tmp_path / "perf.json").write_text(json.dumps(never))
     (entry,) = worth.view(worth.find_perf([tmp_path]), table, gate=95.0)

@@ -12,6 +12,7 @@ from fp8eval.tasks import REGISTRY, task_class
 
 # What a task needs to run offline in a test (GPQA rows are invented: no GPQA content is ever committed).
 OFFLINE = {
+    "aime": [f"task.data_files=[{REPO / 'tasks/aime24/aime2024.jsonl'},{REPO / 'tasks/aime25/aime2025_clean.jsonl'}]"],
     "gpqa_diamond": [f"task.data_files=[{REPO / 'tests/data/gpqa_invented.csv'}]"],
     "livecodebench": [f"task.data_files=[{SHARED_DATA / 'livecodebench/v6_2025-02-01_to_2025-05-01.jsonl'}]"],
     "lm_eval": [f"task.include_path={REPO / 'tests/data/lm_eval'}", "task.tasks=[fp8eval_colours]",

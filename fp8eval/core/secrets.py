@@ -111,6 +111,11 @@ def learn(value: str) -> None:
             _LEARNED[form] = None
 
 
+def forget_learned() -> None:
+    """Forget every learned secret value (a new run in the same process: tests, notebooks)."""
+    _LEARNED.clear()
+
+
 def learn_from_environment(environ: Any = None) -> None:
     """Learn the values of environment variables whose names are secret-like (HF_TOKEN, OPENAI_API_KEY, ...)."""
     import os
