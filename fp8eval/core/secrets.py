@@ -116,12 +116,17 @@ def forget_learned() -> None:
     _LEARNED.clear()
 
 
+# Environment variables whose names read as secret-like but are not: the shell's working directories ("pwd" is
+# also short for password). Learned, they masked every path under the working directory.
+NOT_SECRET_ENV = frozenset({"PWD", "OLDPWD"})
+
+
 def learn_from_environment(environ: Any = None) -> None:
     """Learn the values of environment variables whose names are secret-like (HF_TOKEN, OPENAI_API_KEY, ...)."""
     import os
 
     for name, value in (os.environ if environ is None else environ).items():
-        if value and secret_name(name):
+        if value and secret_name(name) and name not in NOT_SECRET_ENV:
             learn(value)
 
 
