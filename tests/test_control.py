@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import compose, run_inprocess
+from conftest import compose, needs_fp8_vllm_cpu, run_inprocess
 
 from fp8eval.control import ControlError, check_effective, knob_effects, with_control_arm
 from fp8eval.metrics.noise import control_comparison
@@ -489,6 +489,7 @@ def test_vllm_cpu_teacher_force_and_batch_invariant_check(tmp_path, monkeypatch)
 
 @pytest.mark.slow
 @needs_vllm
+@needs_fp8_vllm_cpu
 def test_vllm_cpu_run_with_a_batch1_control(tmp_path, monkeypatch):
     monkeypatch.setenv("FP8EVAL_VLLM_PYTHON", VLLM_ENV_PYTHON)
     s = run_inprocess(tmp_path, ["engine=vllm_cpu", "engine.threads=2", "task=niah", "task.lengths=[256]",

@@ -10,6 +10,7 @@ import types
 from pathlib import Path
 
 import pytest
+from conftest import needs_fp8_vllm_cpu
 
 from fp8eval.engines.audit import compare
 from fp8eval.engines.audit.compare import AuditError, Request, run_audit
@@ -294,6 +295,7 @@ def test_corpus_is_caught_on_vllm_cpu(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.skipif(not VLLM_PYTHON, reason="needs FP8EVAL_VLLM_PYTHON (a vLLM, e.g. vllm-cpu)")
+@needs_fp8_vllm_cpu
 def test_vllm_cpu_audit_of_a_real_start_and_one_request(tmp_path, monkeypatch):
     from fp8eval.knobaudit.__main__ import start
 
