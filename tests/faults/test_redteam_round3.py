@@ -217,11 +217,11 @@ def test_a_value_seen_once_is_masked_in_any_later_spelling():
     secrets.redact("engine.base_url=http://alice:s3cr'et@h/v1")
     for later in ["s3cr'et", "s3cr%27et", "s3cr''et", "password is s3cr'et"]:
         assert "s3cr" not in secrets.redact(later), later
-    secrets.learn_from_environment({"HF_TOKEN": "hfvalue123", "PATH": "/usr/bin", "PWD": "/work/project",
-                                    "OLDPWD": "/home/me"})
+    secrets.learn_from_environment({"HF_TOKEN": "hfvalue123", "PATH": "/usr/bin", "PWD": "projdir42",
+                                    "OLDPWD": "olddir42"})
     assert secrets.redact("x hfvalue123 /usr/bin") == "x *** /usr/bin"
     # PWD reads as "password" but is the working directory: learned, it masked every path under it
-    assert secrets.redact("cd /work/project/run; cd /home/me") == "cd /work/project/run; cd /home/me"
+    assert secrets.redact("cd projdir42/run; cd olddir42") == "cd projdir42/run; cd olddir42"
     _fresh()
 
 

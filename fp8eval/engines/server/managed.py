@@ -11,7 +11,6 @@ import socket
 from pathlib import Path
 
 import fp8eval.engines.server.kept as kept
-from fp8eval.engines import attention
 from fp8eval.engines.base import EngineError
 from fp8eval.engines.vllm import args as vargs
 from fp8eval.engines.vllm import child as vchild
@@ -33,13 +32,10 @@ def server_command(cfg, arm, args: dict, port: int, settings: dict | None = None
     are launch-only flags (a fixed KV cache when servers share the GPU: fp8eval.engines.vllm.startup)."""
     e = cfg.engine
     python = vargs.vllm_python()
-    # engine.attention_backend: a flag for a vLLM that has it, else VLLM_ATTENTION_BACKEND.
-    launch_args, env = attention.for_launch(args, vchild.child_env(vchild.cpu_threads(e.threads, args)), python)
     arm_env = vchild.arm_env(arm)  # a control arm's VLLM_BATCH_INVARIANT=1, this server only
-    if arm_env:
+    if arm_env:  # checked here: a server, unlike the offline worker, cannot refuse it itself
         vchild.check_env_known_in(python, arm_env)
-        env.update(arm_env)
-    env.update({str(k): str(v) for k, v in (getattr(cfg.model, "env", None) or {}).items()})
+    launch_args, env = startup.launch_env(cfg, arm, args, python)
     flags = vargs.engine_args_to_flags({**launch_args, **(settings or {})})
     if e.served_model_name:
         flags += ["--served-model-name", str(e.served_model_name)]

@@ -147,14 +147,21 @@ def log_path(cfg, arm) -> Path:
     return vargs.log_dir(cfg) / f"vllm-{arm.name}-{os.getpid()}-{int(time.time() * 1000)}.log"
 
 
-def launch(cfg, arm, args: dict[str, Any], python: str, log: Path, worker_module: str,
-           settings: dict[str, Any] | None = None) -> vchild.ChildProcess:
-    """Start the arm's vLLM worker and send it its start-up spec (the arm's engine args, plus launch-only `settings`
-    such as a fixed KV cache); the reply is read by the engine that adopts it."""
+def launch_env(cfg, arm, args: dict[str, Any], python: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """(engine args as launched, environment) of an arm's vLLM process, the offline worker's or a managed server's:
+    engine.attention_backend as the installed vLLM takes it, the CPU threads, the arm's own env, the model's env."""
     threads = getattr(cfg.engine, "threads", None)
     launch_args, env = attention.for_launch(args, vchild.child_env(vchild.cpu_threads(threads, args)), python)
     env.update(vchild.arm_env(arm))  # a control arm's VLLM_BATCH_INVARIANT=1, this arm only
     env.update({str(k): str(v) for k, v in (getattr(cfg.model, "env", None) or {}).items()})
+    return launch_args, env
+
+
+def launch(cfg, arm, args: dict[str, Any], python: str, log: Path, worker_module: str,
+           settings: dict[str, Any] | None = None) -> vchild.ChildProcess:
+    """Start the arm's vLLM worker and send it its start-up spec (the arm's engine args, plus launch-only `settings`
+    such as a fixed KV cache); the reply is read by the engine that adopts it."""
+    launch_args, env = launch_env(cfg, arm, args, python)
     child = vchild.ChildProcess([python, "-m", worker_module, "--worker"], log, env=env,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     spec = {"engine_args": {**knob_live.launch_args(launch_args), **(settings or {})}, "env": vchild.arm_env(arm)}
