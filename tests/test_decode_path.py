@@ -293,3 +293,28 @@ def test_decode_path_summary_tables_and_the_emulation_target(tmp_path, capsys):
     assert "| smollm2-135m | vllm | fp8 | 256-1k | 2.00e-02 | 4.00e-02 | 2.00 |" in md
     assert "vllm_gemma (rc 124, timed out after 90 s)" in md and md in capsys.readouterr().out
     assert sdp.main([str(tmp_path / "empty"), str(tmp_path / "out2")]) == 1
+
+
+@pytest.mark.slow
+def test_one_pass_decode_path_reads_turboquant_from_the_cache():
+    """TurboQuant's prefill attends to a chunk's own raw K/V, decode reads every position back from the cache: the
+    one-pass decode path must do the latter. Measured as KL from the BF16 arm over 160 tokens: a one-chunk prefill
+    shows almost none of TurboQuant's error, the one-pass decode path as much as the step loop (within 25 %: rounding
+    to 4-bit values flips on float32 summation-order differences, each flip a whole step)."""
+    from conftest import compose
+
+    from fp8eval.engines.reference import ReferenceEngine
+
+    cfg = compose(["kv=turboquant_k8v4", "engine.threads=2"])
+    try:
+        eng = ReferenceEngine(cfg, cfg.kv, shared={})
+        ids = list(range(2000, 2160))
+        with eng.probe() as p:
+            got = [p.logits(h) for h in (p.decode_hidden(ids), p.decode_hidden(ids, stepwise=True), p.hidden(ids))]
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"embedded model unavailable: {e}")
+    bcfg = compose(["kv=bf16", "engine.threads=2"])
+    with ReferenceEngine(bcfg, bcfg.kv, shared=eng._shared).probe() as p:
+        base = torch.log_softmax(p.logits(p.hidden(ids)).double(), -1)
+    one, loop, pre = (float((base.exp() * (base - torch.log_softmax(x.double(), -1))).sum(-1).mean()) for x in got)
+    assert abs(one / loop - 1) < 0.25 and pre < 0.2 * one, (one, loop, pre)

@@ -112,7 +112,9 @@ class KVPolicy:
         total = key.shape[-2]
         k_new, v_new = key.narrow(-2, total - n, n), value.narrow(-2, total - n, n)
         raw = None
-        if self.cache_dtype.startswith("turboquant_") and (n_new >= total or n_new > formats.TQ_CHUNK_RAW_ABOVE):
+        decode_rows = self.decode_live is not None  # a one-pass decode path: every row reads the cache, as decode does
+        if (self.cache_dtype.startswith("turboquant_") and not decode_rows
+                and (n_new >= total or n_new > formats.TQ_CHUNK_RAW_ABOVE)):
             raw = (k_new.clone(), v_new.clone())
         k_new.copy_(round_k(k_new))
         v_new.copy_(round_v(v_new))
