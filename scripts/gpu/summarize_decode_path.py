@@ -90,20 +90,22 @@ def emulation(res: dict) -> dict:
 
 def markdown(res: dict, emu: dict, rows: list[dict]) -> str:
     lines = ["### Path gap: |log p_decode - log p_prefill| of the passage's token (per arm; BF16 is the floor)", "",
-             "| model | engine | arm | bucket | mean abs | max abs | share > 1e-3 | n |", "|---|---|---|---|---|---|---|---|"]
-    for r in res.values():
+             "| step | model | engine | arm | bucket | mean abs | max abs | share > 1e-3 | n |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for step, r in res.items():
         for arm, g in r["path_gap"].items():
             for b, v in [*g["buckets"].items(), ("overall", g["overall"])]:
-                lines.append(f"| {r['model']} | {r['engine']} | {arm} | {b} | {_fmt(v.get('mean_abs'), '.3f')} | "
+                lines.append(f"| {step} | {r['model']} | {r['engine']} | {arm} | {b} | {_fmt(v.get('mean_abs'), '.3f')} | "
                              f"{_fmt(v.get('max_abs'), '.2f')} | {_fmt(v.get('share_above_1e-3'), '.0%')} | "
                              f"{v.get('n_tokens')} |")
     lines += ["", "### KL(BF16 || FP8) per bucket on both paths (top-20, renormalised)", "",
-              "| model | engine | kv | bucket | prefill | decode | decode / prefill |", "|---|---|---|---|---|---|---|"]
-    for r in res.values():
+              "| step | model | engine | kv | bucket | prefill | decode | decode / prefill |",
+              "|---|---|---|---|---|---|---|---|"]
+    for step, r in res.items():
         pre, dec = r["kl_topk"].get("prefill", {}), r["kl_topk"].get("decode", {})
         for b in dec:
             q = dec[b] / pre[b] if pre.get(b) and dec[b] is not None else None
-            lines.append(f"| {r['model']} | {r['engine']} | {r['kv']} | {b} | {_fmt(pre.get(b))} | {_fmt(dec[b])} | "
+            lines.append(f"| {step} | {r['model']} | {r['engine']} | {r['kv']} | {b} | {_fmt(pre.get(b))} | {_fmt(dec[b])} | "
                          f"{_fmt(q, '.2f')} |")
     if emu:
         paths = ("prefill", "decode")
