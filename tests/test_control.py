@@ -427,9 +427,9 @@ def test_divergence_batch1_control_with_a_vllm_like_engine(tmp_path, monkeypatch
     with pytest.raises(ControlError, match="one at a time"):  # batch 1: max_num_seqs=1 would change nothing
         R.run(_cfg(tmp_path, "kv=fp8", "engine=vllm", "control=batch1"), tmp_path / "one", out=lambda s: None)
     res = R.run(_cfg(tmp_path, "kv=fp8", "engine=vllm", "control=batch1", "divergence.lengths=[64,80]",
-                     "divergence.documents=2", "divergence.batch=4", "divergence.topk=5"), tmp_path / "b",
+                     "divergence.documents=4", "divergence.batch=4", "divergence.topk=5"), tmp_path / "b",
                 out=lambda s: None)
-    assert 4 in Eng.batches
+    assert set(Eng.batches) == {4}  # each length's four passages together (a batch holds one length)
     # a BF16 variant whose engine args differ from the baseline's is its own arm, not the baseline (KL > 0)
     own = R.run(_cfg(tmp_path, "kv=bf16", "engine=vllm", "+kv.engine_args.max_num_seqs=1", "divergence.lengths=[64,80]",
                      "divergence.documents=2", "divergence.batch=4", "divergence.topk=5"), tmp_path / "v",

@@ -318,3 +318,43 @@ def test_one_pass_decode_path_reads_turboquant_from_the_cache():
         base = torch.log_softmax(p.logits(p.hidden(ids)).double(), -1)
     one, loop, pre = (float((base.exp() * (base - torch.log_softmax(x.double(), -1))).sum(-1).mean()) for x in got)
     assert abs(one / loop - 1) < 0.25 and pre < 0.2 * one, (one, loop, pre)
+
+
+def test_greedy_continuation_is_the_baselines_own_and_is_kept(tmp_path):
+    """divergence.continuation=greedy: both arms read the passage's first prompt_tokens tokens and then the BF16 arm's
+    greedy continuation (the reference engine's own generation: argmax of every step), generated once and kept (a
+    rerun generates nothing); a prompt that leaves nothing to continue is refused before any engine starts."""
+    from test_divergence_run import _cfg
+
+    from fp8eval.divergence.run import run
+
+    args = ("kv=fp8", "divergence.lengths=[40]", "divergence.path=both", "divergence.continuation=greedy",
+            "divergence.prompt_tokens=16")
+    try:
+        res = run(_cfg(tmp_path, *args), tmp_path / "r", out=lambda s: None)
+    except Exception as e:  # noqa: BLE001 - the embedded model is part of the install; say so if absent
+        pytest.skip(f"embedded model unavailable: {e}")
+    cont = res["continuation"]
+    assert (cont["kind"], cont["prompt_tokens"], cont["generated"], cont["reused"]) == ("greedy", 16, 1, 0)
+    again = run(_cfg(tmp_path, *args), tmp_path / "r2", out=lambda s: None)
+    assert (again["continuation"]["generated"], again["continuation"]["reused"]) == (0, 1)
+    assert again["passages"] == res["passages"] and again["buckets"] == res["buckets"]
+    text = run(_cfg(tmp_path, *args[:3]), tmp_path / "r3", out=lambda s: None)
+    assert text["continuation"] == {"kind": "text"} and text["passages"][0]["key"] != res["passages"][0]["key"]
+    # the BF16 arm's own greedy tokens: its decode path puts its argmax on every forced token after the prompt
+    from conftest import compose
+
+    from fp8eval.divergence.documents import Passage, load_tokenizer, passages
+    from fp8eval.engines.reference import ReferenceEngine
+
+    cfg = compose(["kv=bf16", "engine.threads=2"])
+    kept = np.load(next((tmp_path / "records" / "divergence" / "greedy").glob("*/*-16.npy")))
+    ids = passages(load_tokenizer(cfg.model), [40], 1)[0].ids[:16] + tuple(int(t) for t in kept)
+    assert len(ids) == 40 and res["passages"][0]["key"] == Passage(40, 0, "", 0, ids).key
+    with ReferenceEngine(cfg, cfg.kv, shared={}).probe() as p:
+        top = p.logits(p.decode_hidden(ids)).argmax(-1).cpu().numpy()
+    assert (top[15:39] == np.asarray(ids[16:])).mean() > 0.9
+    with pytest.raises(ValueError, match="prompt_tokens=39"):
+        run(_cfg(tmp_path, *args[:4], "divergence.prompt_tokens=39"), tmp_path / "r4", out=lambda s: None)
+    with pytest.raises(ValueError, match="valid: text, greedy"):
+        run(_cfg(tmp_path, "divergence.continuation=sampled"), tmp_path / "r5", out=lambda s: None)

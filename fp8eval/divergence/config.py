@@ -32,6 +32,10 @@ class DivergenceConfig:
     # computes it, the passage forced token by token: what generated answers see), prefill (one prefill of the passage:
     # reference engine's chunked prefill, vLLM's prompt_logprobs) or both (both, and each arm's decode-vs-prefill gap).
     path: str = "decode"
+    # The text forced through both arms (fp8eval/divergence/continuation.py): text (the passage's own tokens) or greedy
+    # (its first `prompt_tokens` tokens, then the baseline arm's greedy continuation to the passage's length).
+    continuation: str = "text"
+    prompt_tokens: int = 256
 
 
 @dataclass

@@ -21,6 +21,7 @@ import fp8eval.control as controls
 from fp8eval.arms import ArmEngines, arm_material, kv_view, open_engines, resolve_arms
 from fp8eval.core.hashing import canonical_json, fingerprint_hash
 from fp8eval.core.secrets import redact_obj
+from fp8eval.divergence import continuation as C
 from fp8eval.divergence import measures as M
 from fp8eval.divergence import paths as P
 from fp8eval.divergence import sources
@@ -272,17 +273,26 @@ def _run(cfg, run_dir: Path, door: ArmEngines, out) -> dict:
         docs += own
     if not docs:
         raise ValueError("divergence: no passage to measure (divergence.documents=0 and no divergence.texts)")
+    C.check(cfg, [p.length for p in docs])
+    greedy = str(dcfg.continuation) == "greedy"
+    continued = None
     paths, first = P.paths_of(str(dcfg.path)), P.primary(str(dcfg.path))
     data: dict[str, dict[str, dict[str, dict]]] = {p: {} for p in paths}
     arm_info: dict[str, dict] = {}
     ref_engine = None
     kind = None
-    order = {"baseline": 1, controls.ROLE: 2}
-    # the variant first: a configuration the engine cannot serve fails early; each distinct arm once
-    for arm in sorted({a.name: a for a in arms}.values(), key=lambda a: order.get(a.role, 0)):
+    order = {base_arm.name: -1 if greedy else 1}
+    order.update({a.name: 2 for a in arms if a.role == controls.ROLE})
+    # the variant first: a configuration the engine cannot serve fails early (the baseline first when its greedy
+    # continuation is the text both arms read); each distinct arm once
+    for arm in sorted({a.name: a for a in arms}.values(), key=lambda a: order.get(a.name, 0)):
         engine = door.open(arm)
         kind = None
         try:
+            if greedy and arm.name == base_arm.name:
+                fp = arm_fingerprint(cfg, engine, arm, sources.source_kind(engine), None, "decode")[0]
+                docs, continued = C.greedy_passages(cfg, engine, docs, passage_batches(docs, max(1, int(dcfg.batch))),
+                                                    records / "divergence" / "greedy" / fp[:20], out)
             infos = {}
             for path in paths:
                 data[path][arm.name], infos[path], kind = _compute_arm(cfg, engine, arm, docs, records, out, path)
@@ -317,6 +327,7 @@ def _run(cfg, run_dir: Path, door: ArmEngines, out) -> dict:
         "passages": [{"length": p.length, "index": p.index, "book": p.book, "char_offset": p.char_offset,
                       "key": p.key} for p in docs],
         "arms": arm_info,
+        "continuation": continued or {"kind": "text"},
         "elapsed_s": None,
     }
     for key in ("topk_shared_mean", "topk_view"):

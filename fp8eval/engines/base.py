@@ -149,6 +149,11 @@ class EngineBase:
         log-probs and each next token's own log-prob, per sequence."""
         raise _cannot(self, "give decode-path log-probs", "decode_path")
 
+    def greedy_ids_many(self, batch: list[list[int]], n: int) -> list[list[int]]:
+        """The greedy continuation of `n` tokens after each sequence (EOS ignored): the forced text of
+        `divergence.continuation=greedy` (decode_path "forced"; the reference engine's probe has `greedy_ids`)."""
+        raise _cannot(self, "continue token ids greedily", "decode_path")
+
     def probe(self, policy: Any = None) -> ContextManager[Any]:
         """A context manager giving a probe of the loaded model under `policy` (None: the arm's own KV policy):
         per-position hidden states and logits of a token sequence (distributions "hidden"; the reference engine's

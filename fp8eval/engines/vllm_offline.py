@@ -225,13 +225,13 @@ class VLLMOfflineEngine(EngineBase):
         return tuple(self.prompt_logprobs_many([ids], k)[0][:2])
 
     def prompt_logprobs_many(self, batch: list[list[int]], k: int, op: str = "prompt_logprobs") -> list[tuple]:
-        """(top-k ids, top-k log-probs, own next token's log-prob) of several prompts sent to vLLM together (they may
-        share its batches): prefill (`prompt_logprobs`), or `decode_logprobs`: each passage forced through one decode
-        step per token (fp8eval.engines.vllm.forced; the engine needs logits_processors=[forced.FQCN])."""
+        """(top-k ids, top-k log-probs, own next token's log-prob) of prompts sent to vLLM together: prefill (`prompt_logprobs`),
+        or `decode_logprobs`, each forced one decode step a token (vllm.forced; needs logits_processors=[forced.FQCN])."""
         reply = self._ask({"op": op, "batch": [list(i) for i in batch], "k": int(k)}, f"compute {op}")
         return [tuple(r) for r in reply["rows"]]
 
     decode_logprobs_many = functools.partialmethod(prompt_logprobs_many, op="decode_logprobs")  # divergence.path=decode
+    greedy_ids_many = functools.partialmethod(prompt_logprobs_many, op="greedy_ids")  # k: tokens; continuation=greedy
 
     def teacher_force(self, request: Request, forced_text: str, other_text: str) -> dict:
         """The anatomy of one flip in the worker (fp8eval.engines.forcing, fp8eval.engines.vllm.prompt_ops)."""
@@ -476,8 +476,8 @@ def _worker_main() -> int:
                 worker.send({"op": "counts", "n": prompt_ops.count_many(worker, msg["requests"])})
             elif op == "fingerprint":
                 worker.send({"op": "fingerprint", "fingerprint": prompt_ops.tokenizer_fingerprint(worker.tokenizer)})
-            elif op in ("prompt_logprobs", "decode_logprobs"):  # prompts in one vLLM call
-                fn = prompt_ops.prompt_logprobs if op == "prompt_logprobs" else forced.decode_logprobs
+            elif op in ("prompt_logprobs", "decode_logprobs", "greedy_ids"):  # prompts in one vLLM call
+                fn = {"prompt_logprobs": prompt_ops.prompt_logprobs, "greedy_ids": forced.greedy_ids}.get(op, forced.decode_logprobs)
                 worker.send({"op": "batch", "rows": fn(worker.llm, msg["batch"], int(msg["k"]))})
             elif op == "teacher_force":
                 worker.send({"op": "forced", "answer": prompt_ops.teacher_force(worker, msg["request"], msg["forced"], msg["other"])})

@@ -107,3 +107,14 @@ def decode_logprobs(llm, batch: list[list[int]], k: int) -> list[tuple[list, lis
             own.append(float(entry[t].logprob))
         result.append((rows_ids, rows_lp, own))
     return result
+
+
+def greedy_ids(llm, batch: list[list[int]], n: int) -> list[list[int]]:
+    """The greedy continuation of `n` tokens after each sequence of `batch` (generated together, EOS ignored): what
+    `divergence.continuation=greedy` forces instead of the passage's own text."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(max_tokens=int(n), temperature=0.0, ignore_eos=True, detokenize=False)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=[int(t) for t in ids]) for ids in batch], params, use_tqdm=False)
+    return [[int(t) for t in out.outputs[0].token_ids] for out in outs]
