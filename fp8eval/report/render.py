@@ -79,8 +79,10 @@ def render_markdown(d: ReportData, out: Path) -> str:
     lines += [f"Recovery = variant score / baseline score × 100, on records paired by (sample, repeat);"
               f" {lv} CI: {CI_METHODS} Gate {th.gate:g}% (pass only when the CI's lower end is at or above it),"
               f" margin {th.unsure_margin:g} points, sign-test alpha {th.sign_alpha:g},"
-              f" a record is right when its score ≥ {th.right_at:g}. MDE: the drop (points of score) this run"
-              " detects with 80% power (docs/statistics.md).", ""]
+              f" a record is right when its score ≥ {th.right_at:g}. MDE: the drop (points of score) at which this"
+              " run's CI would end below 100% with 80% probability if FP8 lost whole samples (or clusters) at"
+              " random and the run's other disagreements were noise without a direction (docs/statistics.md"
+              " sections 4 and 8).", ""]
     if d.refused:
         lines += ["## Refused pairs", ""] + [f"- {m}" for m in d.refused] + [""]
     lines += ["## Decision", ""]
