@@ -238,4 +238,4 @@ def test_simulation_fast_slice():
     by = {r["design"]: r for r in rows}
     assert by["greedy 9 x 8"] == {**by["binary n=9"], "design": "greedy 9 x 8"}
     ms = stats_sim.more_samples_cell("default run 6/1/0/2", 300, 0)
-    assert abs(ms["p_decided"] - 0.8) <= 0.07, ms
+    assert abs(ms["p_decided"] - ms["claim"]) <= 0.07 and 0.8 <= ms["claim"] <= 0.82, ms

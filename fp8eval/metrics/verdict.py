@@ -82,7 +82,7 @@ def entry(pairs: Pairs, st: GateSettings, samples: int | None = None,
     pairs = intervals.collapse_repeats(pairs, sample_ids)
     ci = intervals.recovery_ci(pairs, st.level, st.right_at)
     out = {"verdict": "n/a", "why": "", **_ci_fields(ci), "mde_pts": None, "mde_recovery_pts": None,
-           "n_repeats": 0, "more_samples": None, "more_repeats": None,
+           "n_repeats": 0, "more_samples": None, "more_samples_chance": None, "more_repeats": None,
            "repeats_collapsed": 0 < len(pairs) < n_records}
     if not pairs:
         out["why"] = "no record was scored in both arms"
@@ -101,7 +101,9 @@ def entry(pairs: Pairs, st: GateSettings, samples: int | None = None,
     verdict = decide(ci.low, ci.high, st.gate, st.margin)
     out["verdict"] = verdict
     if verdict == "inconclusive":
-        out["more_samples"] = more_samples(pairs, st, n_samples=n_samples)
+        more = _more(pairs, st, 1000.0, n_samples)
+        if more is not None:
+            out["more_samples"], out["more_samples_chance"] = more[0], round(more[1], 3)
         if var is not None and k >= 2:
             out["more_repeats"] = more_repeats(var, ci, base, k, st)
     out["why"] = explain(out, st)
@@ -141,12 +143,19 @@ def _cluster_sizes(pairs: Pairs) -> dict[str, int]:
 
 
 def more_samples(pairs: Pairs, st: GateSettings, max_factor: float = 1000.0, n_samples: int | None = None) -> int | None:
-    """How many more samples (clusters x their size) give the run's CI an 80 % (`st.power`) chance to leave
-    the gate if every observed outcome kept its rate. Binary one-per-cluster data: the chance itself, from
-    `DRAWS` fixed-seed draws of the added pairs at the observed rates (`decide_chance`). Otherwise: clusters
-    drawn from the run's own (`detect.more_clusters`, seeded from the data), times the samples per cluster.
-    The least count reaching `st.power`, by bisection. None when even max_factor times the data does not
-    decide (the estimate sits at the gate)."""
+    """How many more samples (clusters x their size) give the run's CI at least an 80 % (`st.power`) chance to
+    leave the gate if every observed outcome kept its rate: the fewest, by bisection on the simulated chance.
+    Binary one-per-cluster data: `DRAWS` fixed-seed draws of the added pairs at the observed rates
+    (`decide_chance`). Otherwise: clusters drawn from the run's own (`detect.more_clusters`, seeded from the
+    data), times the samples per cluster. None when even max_factor times the data does not decide (the
+    estimate sits at the gate). `entry` also gives the chance at that count (`more_samples_chance`): one more
+    sample can move it by several points when the outcome hardly varies (no flip: it jumps from 0 to 1)."""
+    more = _more(pairs, st, max_factor, n_samples)
+    return None if more is None else more[0]
+
+
+def _more(pairs: Pairs, st: GateSettings, max_factor: float, n_samples: int | None) -> tuple[int, float] | None:
+    """(more_samples, the simulated chance to decide with them), or None."""
     n_now = n_samples or len(_cluster_sizes(pairs))
     ci = intervals.recovery_ci(pairs, st.level, st.right_at)
     if ci.method == "bonett-price":
@@ -158,10 +167,14 @@ def more_samples(pairs: Pairs, st: GateSettings, max_factor: float = 1000.0, n_s
         while hi_m - lo_m > max(1, hi_m // 200):
             mid = (lo_m + hi_m) // 2
             lo_m, hi_m = (mid, hi_m) if decide_chance(table, len(pairs), mid, st) < st.power else (lo_m, mid)
-        return max(1, hi_m)
+        hi_m = max(1, hi_m)
+        return hi_m, decide_chance(table, len(pairs), hi_m, st)
     n_clusters = len(_cluster_sizes(pairs))
     more = detect.more_clusters(pairs, st.level, st.gate, st.margin, st.power, int(n_clusters * (max_factor - 1)))
-    return None if more is None else max(1, math.ceil(more * n_now / n_clusters))
+    if more is None:
+        return None
+    return (max(1, math.ceil(more * n_now / n_clusters)),
+            detect.decide_chance(pairs, more, st.level, st.gate, st.margin))
 
 
 DRAWS = 4000  # draws behind a binary more_samples (its Monte Carlo error: about 0.6 points at 80 %)
@@ -218,14 +231,20 @@ def explain(e: dict, st: GateSettings) -> str:
         return f"{ci}: even the CI's upper end is below the {st.gate:g}% gate{mde}"
     need = ""
     if e.get("more_samples") is not None:
-        need = (f"about {e['more_samples']} more samples would decide it with probability {st.power * 100:g} % if"
-                " the observed rates are the truth")
+        need = more_sentence(e["more_samples"], e.get("more_samples_chance"), st.power)
     if e.get("more_repeats") is not None:
         need += ("; " if need else "") + (f"{e['more_repeats']} more repeats per sample might"
                                           f"{' too' if need else ' decide it'} (a normal approximation whose"
                                           " chance is not simulated)")
     need = need or "the estimate sits at the gate: no amount of the same data decides it"
     return f"{ci} straddles the {st.gate:g}% gate{mde}; {need}"
+
+
+def more_sentence(more: int, chance: float | None, power: float = 0.8) -> str:
+    """The more_samples claim in words, with the simulated chance at that count (the fewest reaching `power`)."""
+    p = power if chance is None else chance
+    return (f"about {more} more samples would decide it with probability {100 * p:.0f} % if the observed rates are"
+            f" the truth (simulated; the fewest reaching {100 * power:g} %)")
 
 
 def verdicts(pairs: Sequence[tuple], st: GateSettings) -> dict:
