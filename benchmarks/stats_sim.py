@@ -110,7 +110,7 @@ def true_recovery(design: str, rec: float) -> float:
     return 100.0 * rec
 
 
-def fixed_cell(design: str, runs: int, seed: int) -> dict:
+def fixed_cell(design: str, runs: int, seed: int, mde_runs: int = MDE_RUNS) -> dict:
     """keep@90, pass@gate, coverage at 90/95/100 for one fixed-n design."""
     gen = DESIGNS[design]
     out: dict = {"design": design, "runs": runs}
@@ -133,7 +133,7 @@ def fixed_cell(design: str, runs: int, seed: int) -> dict:
         if tag == "gate":
             out["fail@gate"] = round(fails / max(defined, 1), 4)
     out["keep@90"] = out.pop("pass@90")
-    out["mde_power"] = mde_power(design, runs, seed, MDE_RUNS)
+    out["mde_power"] = mde_power(design, runs, seed, mde_runs)
     return out
 
 

@@ -90,6 +90,9 @@ def test_more_samples_is_the_count_for_an_80_percent_chance():
     pairs = [(str(i), b, v) for i, (b, v) in enumerate([(1.0, 1.0)] * 6 + [(1.0, 0.0)] + [(0.0, 0.0)] * 2)]
     e = verdict.entry(pairs, ST)
     assert 115 <= e["more_samples"] <= 140 and "decide it with probability 80 %" in e["why"]
+    assert e["mde_pts"] == 60.711 and 0.8 <= e["more_samples_chance"] <= 0.81  # docs/statistics.md section 4
+    ties = verdict.entry([(str(i), 1.0, 1.0) for i in range(9)], ST)  # the fake engine's run: no flip, none later
+    assert (ties["mde_pts"], ties["more_samples"], ties["more_samples_chance"]) == (63.391, 63, 1.0)
     assert verdict.decide_chance((6, 1, 0), 9, e["more_samples"], ST) >= 0.8
     assert verdict.decide_chance((6, 1, 0), 9, 74, ST) < 0.6
 
@@ -230,11 +233,13 @@ def test_planner_range_from_a_small_pilot():
 
 def test_simulation_fast_slice():
     """The fast slice of benchmarks/stats_sim.py: no design says keep at a true 90 % in more than 2.5 % of
-    runs, greedy repeats judge exactly as one repeat, and more_samples decides ~80 % of the time."""
+    runs, greedy repeats judge exactly as one repeat, the MDE's power at its stated truth is within 7 points of
+    80 % (400 draws), and more_samples decides about as often as the chance it prints."""
     from benchmarks import stats_sim
 
-    rows = [stats_sim.fixed_cell(d, 150, 0) for d in stats_sim.FAST]
+    rows = [stats_sim.fixed_cell(d, 150, 0, mde_runs=400) for d in stats_sim.FAST]
     assert all(r["keep@90"] <= 0.025 for r in rows), rows
+    assert all(abs(r["mde_power"][t]["power"] - 0.8) <= 0.07 for r in rows for t in ("100", "90")), rows
     by = {r["design"]: r for r in rows}
     assert by["greedy 9 x 8"] == {**by["binary n=9"], "design": "greedy 9 x 8"}
     ms = stats_sim.more_samples_cell("default run 6/1/0/2", 300, 0)
