@@ -8,8 +8,9 @@ verdict:
 - pass: the CI's lower end is at or above the gate, less `margin` (0 by default; non-inferiority at
   one-sided (1 - level) / 2 nominally: docs/statistics.md gives the level that holds, by simulation);
 - fail: the CI's upper end is below the gate;
-- inconclusive: otherwise; `more_samples` / `more_repeats` say how much more of the same would give an
-  80 % (the configured power's) chance to decide it;
+- inconclusive: otherwise; `more_samples` says how many more samples of the same give at least an 80 % (the
+  configured power's) chance to decide it, `more_samples_chance` the simulated chance at that count, and
+  `more_repeats` more repeats per sample by a normal approximation (no chance claimed);
 - n/a: nothing paired, or a baseline that scored 0 (recovery undefined).
 
 `decide` is the one rule: summary.json's `verdict` block, the terminal table, the report and the
