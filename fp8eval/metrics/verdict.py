@@ -205,7 +205,7 @@ def more_repeats(var: power.Variance, ci: intervals.RecoveryCI, base: float, k: 
     dist = abs(ci.diff / 100.0 - margin)
     if dist <= 0 or ci.n_clusters < 2:
         return None
-    z = power.z_sum(st.alpha, st.power)  # an 80 % (the power's) chance to decide, as more_samples
+    z = power.z_sum(st.alpha, st.power)  # a normal approximation of an 80 % (the power's) chance; not simulated
     budget = ci.n_clusters * dist ** 2 / z ** 2
     if var.omega2 >= budget:
         return None
