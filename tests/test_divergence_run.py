@@ -221,11 +221,14 @@ def test_decode_fingerprints_and_the_forcing_processor_args(tmp_path):
 
     cfg = _cfg(tmp_path, "kv=fp8", "engine=vllm")
     arm = cfg.kv
-    plain, forced = Eng({"enforce_eager": True}), Eng({"enforce_eager": True, "logits_processors": [FQCN]})
+    plain = Eng({"enforce_eager": True})
+    forced = Eng({"enforce_eager": True, "logits_processors": [FQCN], "async_scheduling": False})
     assert R.arm_fingerprint(cfg, plain, arm, "topk")[0] == R.arm_fingerprint(cfg, forced, arm, "topk")[0]
     assert R.arm_fingerprint(cfg, forced, arm, "topk", path="decode")[0] != R.arm_fingerprint(cfg, forced, arm, "topk")[0]
     for path, want in (("prefill", None), ("decode", [FQCN]), ("both", [FQCN])):
         c = _cfg(tmp_path, "kv=fp8", "engine=vllm", f"divergence.path={path}")
-        assert R.engine_cfg(c).engine.engine_args.get("logits_processors") == want
+        args = R.engine_cfg(c).engine.engine_args
+        assert args.get("logits_processors") == want
+        assert args.get("async_scheduling") is (None if want is None else False)  # the processor needs it off
     ref = _cfg(tmp_path, "kv=fp8", "engine=reference")
     assert "logits_processors" not in R.engine_cfg(ref).engine.engine_args  # the reference engine decodes itself

@@ -20,8 +20,10 @@ class DivergenceConfig:
     # vllm engine: log-probabilities per position from vLLM's prompt_logprobs (vLLM's max_logprobs is raised
     # to match when above its default 20). The reference engine compares full vocabularies (exact).
     topk: int = 20
-    # vllm engine: passages sent to vLLM together per prefill call (they may share its batches); 1 = one at a
-    # time. A batch-size control (control=batch1, max_num_seqs=1) needs batch > 1 to differ from its baseline.
+    # Passages of one length sent to vLLM together (they may share its batches); 1 = one at a time. A batch-size
+    # control (control=batch1, max_num_seqs=1) needs batch > 1 to differ from its baseline. On the decode path the
+    # batch's passages are decoded in step (B passages cost about one passage's time), and the reference engine
+    # emulates each passage as decoded in that batch (FA3's split count depends on it).
     batch: int = 1
     # Position bucket edges (tokens); the last bucket is open.
     edges: list[int] = field(default_factory=lambda: list(DEFAULT_EDGES))

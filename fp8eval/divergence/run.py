@@ -49,9 +49,12 @@ def arm_fingerprint(cfg, engine, kv, kind: str, control=None, path: str = "prefi
     forcing = getattr(getattr(engine, "capabilities", None), "decode_logits_processor", "")  # (stand-ins have none)
     if path == "decode":
         kept = {"kept": kept, "path": "decode"} if kind == "hidden" else {**kept, "path": "decode"}
+        if kind == "hidden" and int(getattr(cfg.divergence, "batch", 1)) != 1:  # the emulated split count follows it
+            kept = {**kept, "batch": int(cfg.divergence.batch)}
     elif forcing and forcing in ((desc.get("engine_args") or {}).get("logits_processors") or []):
-        # the forcing processor changes nothing a prefill computes: such results are shared with prefill-only runs
-        args = {k: v for k, v in desc["engine_args"].items() if k != "logits_processors"}
+        # the forcing processor (and the synchronous scheduling it asks for) changes nothing a prefill computes: such
+        # results are shared with prefill-only runs
+        args = {k: v for k, v in desc["engine_args"].items() if k not in ("logits_processors", "async_scheduling")}
         rest = [x for x in desc["engine_args"]["logits_processors"] if x != forcing]
         desc = {**desc, "engine_args": {**args, **({"logits_processors": rest} if rest else {})}}
     material = arm_material(cfg, kv, desc, {"divergence_schema": SCHEMA, "kept": kept}, kv_d=kv_d,
@@ -98,6 +101,9 @@ def engine_cfg(cfg):
         args = dict(cfg.engine.engine_args)
         procs = [str(x) for x in (args.get("logits_processors") or [])]
         args["logits_processors"] = procs if forcing in procs else [*procs, forcing]
+        # The processor reads each step from the request's output ids, which asynchronous scheduling hands over one
+        # step late (the forcing then breaks, H200, vLLM 0.26.0): off unless the user says otherwise.
+        args.setdefault("async_scheduling", False)
         cfg.engine.engine_args = args
     return cfg
 
@@ -163,13 +169,17 @@ def _compute_arm(cfg, engine, arm, docs, records: Path, out, path: str = "prefil
     got = {p.key: cache.load(p) for p in docs}
     need_own = kind == "topk" and str(cfg.divergence.path) == "both"  # the path gap reads each token's own log-prob
     todo = [p for p in docs if got[p.key] is None or (need_own and "token_logprobs" not in got[p.key])]
-    batch = max(1, int(cfg.divergence.batch)) if kind == "topk" else 1
-    for i in range(0, len(todo), batch):
-        part = todo[i:i + batch]
+    missing = {p.key for p in todo}
+    batch = max(1, int(cfg.divergence.batch)) if kind == "topk" or path == "decode" else 1
+    for part in passage_batches(docs, batch):
+        if not any(p.key in missing for p in part):
+            continue
         t = time.perf_counter()
-        if kind == "hidden":
-            results = [sources.compute(engine, part[0].ids, int(cfg.divergence.topk), path)]
-        else:
+        if kind == "hidden":  # one passage at a time, each decoded as in its batch
+            lengths = [p.length for p in part] if path == "decode" and batch > 1 else None
+            part = [p for p in part if p.key in missing]
+            results = [sources.compute(engine, p.ids, int(cfg.divergence.topk), path, lengths) for p in part]
+        else:  # the whole batch again, so that every result of it was computed in the same company
             rows = sources.topk_rows(engine, path)([list(p.ids) for p in part], int(cfg.divergence.topk))
             results = [sources.topk_result(r) for r in rows]
         for p, r in zip(part, results):
@@ -182,6 +192,16 @@ def _compute_arm(cfg, engine, arm, docs, records: Path, out, path: str = "prefil
     if engine.preflight is not None:
         info["preflight"] = engine.preflight
     return got, info, kind
+
+
+def passage_batches(docs, batch: int) -> list[list]:
+    """The passages in the groups sent to an engine together: each length's passages (in order) in runs of `batch`.
+    Fixed by the passages alone, so a resumed run computes a passage in the same company as the first try did (on the
+    decode path, equal lengths keep a batch in step: FA3's split count depends on the batch)."""
+    by_length: dict[int, list] = {}
+    for p in docs:
+        by_length.setdefault(p.length, []).append(p)
+    return [group[i:i + batch] for group in by_length.values() for i in range(0, len(group), batch)]
 
 
 def _compare(docs, base: dict, var: dict, probe, edges, topk: int) -> dict:

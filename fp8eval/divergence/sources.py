@@ -26,12 +26,13 @@ def source_kind(engine) -> str:
     return kind
 
 
-def compute(engine, ids: tuple[int, ...], topk: int, path: str = "prefill") -> dict[str, np.ndarray]:
+def compute(engine, ids: tuple[int, ...], topk: int, path: str = "prefill", batch_lengths=None) -> dict[str, np.ndarray]:
     """One passage through one arm on one kernel path (fp8eval.divergence.paths): {"hidden": [L, d]} or {"ids":
-    [L-1, k], "logprobs": [L-1, k](, "token_logprobs": [L-1])}."""
+    [L-1, k], "logprobs": [L-1, k](, "token_logprobs": [L-1])}. `batch_lengths`: on the decode path, the lengths of
+    the passages decoded with it (the emulated kernel's split count follows the decode batch)."""
     if source_kind(engine) == "hidden":
         with engine.probe() as probe:
-            return {"hidden": probe.hidden(ids) if path == "prefill" else probe.decode_hidden(ids)}
+            return {"hidden": probe.hidden(ids) if path == "prefill" else probe.decode_hidden(ids, batch_lengths)}
     return topk_result(topk_rows(engine, path)([list(ids)], topk)[0])
 
 

@@ -343,14 +343,42 @@ def _pv(w, v, accumulation, order=None):
     return torch.matmul(w, v)
 
 
+def _row_slices(lq: int, lk: int, rows: int, decode_n: int | None, decode_live, kv_heads: int):
+    """(first row, row count, split count or None) of each slice of query rows emulated_attention works on: at most
+    `rows` rows; with `decode_n` (rows that are decode steps) only rows whose keys fill the same number of decode_n
+    blocks and whose steps split alike (FA3 gives every row of a slice one split count)."""
+    if decode_n is None:
+        for r0 in range(0, lq, rows):
+            yield r0, min(rows, lq - r0), None
+        return
+    start, key = 0, None
+    for r in range(lq + 1):
+        if r < lq:
+            pos = lk - lq + r  # the row's position: it sees keys 0..pos
+            nb = -(-(pos + 1) // decode_n)
+            this = fa3_num_splits(nb, kv_heads, max(1, int(decode_live[pos])))
+            if key is None:
+                key = (nb, this)
+            if (nb, this) == key and r - start < rows:
+                continue
+        yield start, r - start, key[1]
+        if r < lq:
+            start, key = r, (nb, this)
+
+
 def emulated_attention(query, key, value, attention_mask, scaling: float, *, mode: str, accumulation: str,
-                       fmt: str | None, q_scale=1.0, sliding: bool = False, decode: bool = False) -> torch.Tensor:
+                       fmt: str | None, q_scale=1.0, sliding: bool = False, decode: bool = False,
+                       decode_live=None) -> torch.Tensor:
     """Attention over [B, H, L, D] tensors (K/V already as the cache holds them) with Q, P and the P·V
     accumulation treated as `mode` / `accumulation` say (`kv_only` + `exact`: exact attention, what the
     reference engine runs on CPU for every layer instead of SDPA, whose reductions follow the CPU's vector
     width and thread count). Returns [B, Lq, H, D] in query's dtype, as transformers' attention functions do.
     `decode` (kv.fa3_decode): with `fa3_fp8`, a batch of few query rows takes FA3's decode tiles and a decode step
     splits the keys, as FA3's decode path does (see FA3_DECODE_ROWS); otherwise the prefill tiles throughout.
+    `decode_live` (with `decode`; a teacher-forced decode path in one pass, issue 35): every query row is a decode step
+    of its own, computed as that step computes it (the decode tiles of one query token, its own split count), rows
+    grouped by their count of key blocks; `decode_live[p]` is how many sequences the decode batch held at the step of
+    absolute position p (FA3's dynamic split count depends on it: fa3_num_splits).
 
     Computed from matrix products, elementwise steps and sums whose bits do not depend on the thread count or on
     ATen's AVX2 / AVX-512 kernels (tests/test_cpu_determinism.py). Query heads that
@@ -385,8 +413,10 @@ def emulated_attention(query, key, value, attention_mask, scaling: float, *, mod
     scratch = torch.empty(room, dtype=torch.int32, device=q.device) if mode == "fa3_fp8" else None
     # FA3 picks its tiles per batch from the rows a KV head's query heads make (lq * groups): few rows, decode tiles.
     decode_n = fa3_decode_block_n(d, lq * groups, sliding) if mode == "fa3_fp8" and decode else None
-    for r0 in range(0, lq, rows):
-        n = min(rows, lq - r0)
+    per_row = mode == "fa3_fp8" and decode and decode_live is not None and lq > 1 and not sliding
+    if per_row:  # each row is one decode step: one query token's tiles
+        decode_n = fa3_decode_block_n(d, groups, sliding) or fa3_block_n(d, sliding)
+    for r0, n, splits in _row_slices(lq, lk, rows, decode_n if per_row else None, decode_live, kvh):
         qs = q[:, :, r0:r0 + n].reshape(b, kvh, groups * n, d)
         ks, vs, ms, end = k, v, None, lk
         if causal:
@@ -407,7 +437,10 @@ def emulated_attention(query, key, value, attention_mask, scaling: float, *, mod
             _mask_in_place(s.view(b, kvh, groups, n, end), ms, kvh, groups)
         if mode == "fa3_fp8" and decode and lq == 1 and not sliding:  # a decode step: FA3's decode tiles, split-KV
             bn = decode_n or fa3_block_n(d, sliding)
-            o = _fa3_split_rows(s, vs, fmt, bn, accumulation, fa3_num_splits(-(-end // bn), kvh, b), scratch)
+            live = b if decode_live is None else int(decode_live[lk - 1])
+            o = _fa3_split_rows(s, vs, fmt, bn, accumulation, fa3_num_splits(-(-end // bn), kvh, live), scratch)
+        elif splits is not None:  # rows that are decode steps with the same key blocks and split count
+            o = _fa3_split_rows(s, vs, fmt, decode_n, accumulation, splits, scratch)
         elif mode == "fa3_fp8":
             o = _fa3_rows(s, vs, fmt, decode_n or fa3_block_n(d, sliding), accumulation, scratch)
         elif mode == "qp_unit_scale":

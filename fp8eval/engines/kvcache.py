@@ -38,6 +38,9 @@ class KVPolicy:
     int8_rounding: str = "half_away"  # int8_per_token_head: half_away | trunc
     int4_rht: bool = True  # int4_per_token_head: rotate first (current kernel) or not (an earlier one)
     fa3_decode: bool = False  # fa3_fp8: FA3's decode path (tiles, split-KV) in decode steps (issue 35)
+    # Set only while a probe computes a teacher-forced decode path in one pass (Probe.decode_hidden): every query row is
+    # a decode step, decode_live[p] the sequences in the decode batch at position p's step (attention_emulation).
+    decode_live: tuple[int, ...] | None = None
 
     @property
     def attention_mode(self) -> str:
@@ -109,7 +112,9 @@ class KVPolicy:
         total = key.shape[-2]
         k_new, v_new = key.narrow(-2, total - n, n), value.narrow(-2, total - n, n)
         raw = None
-        if self.cache_dtype.startswith("turboquant_") and (n_new >= total or n_new > formats.TQ_CHUNK_RAW_ABOVE):
+        decode_rows = self.decode_live is not None  # a one-pass decode path: every row reads the cache, as decode does
+        if (self.cache_dtype.startswith("turboquant_") and not decode_rows
+                and (n_new >= total or n_new > formats.TQ_CHUNK_RAW_ABOVE)):
             raw = (k_new.clone(), v_new.clone())
         k_new.copy_(round_k(k_new))
         v_new.copy_(round_v(v_new))
@@ -161,7 +166,7 @@ def make_attention_function(policy_of):
                                      mode=policy.attention_mode if kernel else "kv_only",
                                      accumulation=policy.accumulation if kernel else "exact", fmt=policy.fmt,
                                      q_scale=policy.q_scale, sliding=_is_sliding(module),
-                                     decode=policy.fa3_decode and kernel)
+                                     decode=policy.fa3_decode and kernel, decode_live=policy.decode_live)
             return out, None
         key, value = sdpa_operands(key, value)
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,

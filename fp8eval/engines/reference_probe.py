@@ -9,7 +9,7 @@
 What wings (divergence, sensitivity, pareto) use instead of the engine's private state: the policy is active for
 the `with` block only (the one before it comes back after), the model is loaded on entry, and the prefill tokens
 a probe runs are counted in the engine's `computed_prefill_tokens`. `decode_hidden(ids)` is the decode path
-(issue 35): the first token alone, then one decode step per token, as generation computes them.
+(issue 35): the first token alone, then one decode step per token, as generation computes them (in one pass).
 """
 
 from __future__ import annotations
@@ -57,23 +57,47 @@ class Probe:
                 self._engine.computed_prefill_tokens += min(self._chunk, x.shape[1] - start)
         return torch.cat(out).numpy()
 
-    def decode_hidden(self, ids) -> np.ndarray:
+    def decode_hidden(self, ids, batch_lengths=None, stepwise: bool = False) -> np.ndarray:
         """The last hidden state at every position of `ids` as the decode path computes it: the first token alone, then
-        one decode step per token through the policy's cache, in a cache with room for all of them (what generation
-        runs): [len(ids), hidden] float32. `python -m fp8eval.divergence divergence.path=decode`."""
+        one decode step per token through the policy's cache: [len(ids), hidden] float32. `python -m
+        fp8eval.divergence divergence.path=decode`. `batch_lengths`: the lengths of the passages decoded together with
+        this one (itself included; None: alone), which set FA3's split count at each step (fp8eval.engines.
+        attention_emulation.fa3_num_splits), as vLLM's forced decoding of that batch runs it.
+
+        With the passage forced, step p computes position p from the cache of positions 0..p-1, each written by its own
+        step: one causal pass whose every query row is computed as its decode step computes it (the emulated kernel's
+        decode tiles and split count per row, `KVPolicy.decode_live`) gives the same numbers without a step per token.
+        Only the summation order of matrix products may differ (torch picks kernels by shape): the engine's own decode
+        floor, not the kernel's, so a policy without a decode emulation (`kv.fa3_decode=false`, exact layers) gives its
+        prefill path here. `stepwise=True` runs the step-per-token loop instead (what generation runs; tests compare)."""
+        import dataclasses
+
         import torch
 
         from fp8eval.engines.reserved_cache import reserved_cache
 
-        x = torch.tensor([list(ids)], device=self._device)
-        rows = []
-        with torch.inference_mode():
-            cache = reserved_cache(self._model.config, x.shape[1])
-            for i in range(x.shape[1]):
-                h = self._model.model(input_ids=x[:, i:i + 1], past_key_values=cache, use_cache=True).last_hidden_state
-                rows.append(h[0, -1].float().cpu())
-        self._engine.computed_prefill_tokens += 1
-        return torch.stack(rows).numpy()
+        n = len(ids)
+        lengths = [int(x) for x in (batch_lengths or [n])]
+        live = tuple(max(1, sum(1 for m in lengths if m - 2 >= p)) for p in range(n))
+        shared = self._engine._shared
+        before = shared["active_policy"]
+        shared["active_policy"] = dataclasses.replace(before, decode_live=live)
+        try:
+            if not stepwise:
+                out = self.hidden(ids)
+                self._engine.computed_prefill_tokens -= n - 1  # a forced decode prefills its first token only
+                return out
+            x = torch.tensor([list(ids)], device=self._device)
+            rows = []
+            with torch.inference_mode():
+                cache = reserved_cache(self._model.config, x.shape[1])
+                for i in range(x.shape[1]):
+                    h = self._model.model(input_ids=x[:, i:i + 1], past_key_values=cache, use_cache=True)
+                    rows.append(h.last_hidden_state[0, -1].float().cpu())
+            self._engine.computed_prefill_tokens += 1
+            return torch.stack(rows).numpy()
+        finally:
+            shared["active_policy"] = before
 
     def logits(self, hidden: np.ndarray) -> Any:
         """lm_head (and the model's final logit soft-capping, if any) on a slice of hidden states (a torch tensor)."""

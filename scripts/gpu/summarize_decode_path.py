@@ -9,8 +9,8 @@ also printed):
 1. the path gap per model, engine and arm: |log p_decode - log p_prefill| of each passage token, per position bucket
    (mean, max, share above 1e-3); the BF16 arm's is the floor;
 2. each run's KL(BF16 || FP8) per bucket on both paths (top-k footing: vLLM's own top-20, the reference engine's
-   top-20 view) and, per model, the emulation's KL over the kernel's on each path (the target: within 25 % from 256
-   tokens on).
+   top-20 view) and, per reference step, the emulation's KL over the kernel's (the vllm step of the same model and KV
+   format) on each path (the target: within 25 % from 256 tokens on).
 
 A step that failed, timed out or was skipped is listed as such, never dropped; exit 1 when no step produced a result.
 """
@@ -69,48 +69,57 @@ def steps(work: Path) -> list[dict]:
 
 
 def emulation(res: dict) -> dict:
-    """Per model and path: the reference engine's KL over vLLM's per bucket, and whether every bucket from 256 tokens
-    on is within TARGET."""
+    """Per reference-engine step: its KL over vLLM's (the vllm step of the same model and KV format) per bucket on each
+    path, and whether every bucket from 256 tokens on is within TARGET."""
     out: dict = {}
-    for model in sorted({r["model"] for r in res.values()}):
-        kern = next((r for r in res.values() if r["model"] == model and r["engine"] == "vllm"), None)
-        emu = next((r for r in res.values() if r["model"] == model and r["engine"] == "reference"), None)
-        if kern is None or emu is None:
+    for name, emu in res.items():
+        if emu["engine"] != "reference":
+            continue
+        kern = next((r for r in res.values() if r["engine"] == "vllm" and (r["model"], r["kv"]) == (emu["model"], emu["kv"])),
+                    None)
+        if kern is None:
             continue
         for path in ("prefill", "decode"):
             k, e = kern["kl_topk"].get(path, {}), emu["kl_topk"].get(path, {})
             ratio = {b: (e[b] / k[b] if k.get(b) and e.get(b) is not None else None) for b in k}
             judged = [r for b, r in ratio.items() if b != FIRST_BUCKET]
             ok = bool(judged) and all(r is not None and abs(r - 1) <= TARGET for r in judged)
-            out.setdefault(model, {})[path] = {"ratio": ratio, "within_target": ok}
+            out.setdefault(name, {"model": emu["model"], "kv": emu["kv"]})[path] = {"ratio": ratio, "within_target": ok}
     return out
 
 
 def markdown(res: dict, emu: dict, rows: list[dict]) -> str:
     lines = ["### Path gap: |log p_decode - log p_prefill| of the passage's token (per arm; BF16 is the floor)", "",
-             "| model | engine | arm | bucket | mean abs | max abs | share > 1e-3 | n |", "|---|---|---|---|---|---|---|---|"]
-    for r in res.values():
+             "| step | model | engine | arm | bucket | mean abs | max abs | share > 1e-3 | n |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for step, r in res.items():
         for arm, g in r["path_gap"].items():
             for b, v in [*g["buckets"].items(), ("overall", g["overall"])]:
-                lines.append(f"| {r['model']} | {r['engine']} | {arm} | {b} | {_fmt(v.get('mean_abs'), '.3f')} | "
+                lines.append(f"| {step} | {r['model']} | {r['engine']} | {arm} | {b} | {_fmt(v.get('mean_abs'), '.3f')} | "
                              f"{_fmt(v.get('max_abs'), '.2f')} | {_fmt(v.get('share_above_1e-3'), '.0%')} | "
                              f"{v.get('n_tokens')} |")
     lines += ["", "### KL(BF16 || FP8) per bucket on both paths (top-20, renormalised)", "",
-              "| model | engine | kv | bucket | prefill | decode | decode / prefill |", "|---|---|---|---|---|---|---|"]
-    for r in res.values():
+              "| step | model | engine | kv | bucket | prefill | decode | decode / prefill |",
+              "|---|---|---|---|---|---|---|---|"]
+    for step, r in res.items():
         pre, dec = r["kl_topk"].get("prefill", {}), r["kl_topk"].get("decode", {})
         for b in dec:
             q = dec[b] / pre[b] if pre.get(b) and dec[b] is not None else None
-            lines.append(f"| {r['model']} | {r['engine']} | {r['kv']} | {b} | {_fmt(pre.get(b))} | {_fmt(dec[b])} | "
+            lines.append(f"| {step} | {r['model']} | {r['engine']} | {r['kv']} | {b} | {_fmt(pre.get(b))} | {_fmt(dec[b])} | "
                          f"{_fmt(q, '.2f')} |")
     if emu:
-        buckets = sorted({b for m in emu.values() for p in m.values() for b in p["ratio"]}, key=_bucket_order)
+        paths = ("prefill", "decode")
+        buckets = sorted({b for m in emu.values() for p in paths if p in m for b in m[p]["ratio"]}, key=_bucket_order)
         lines += ["", f"### Emulation / kernel KL per bucket (target: within {TARGET:.0%} from 256 tokens on)", "",
-                  "| model | path | " + " | ".join(buckets) + " | within |", "|---|---|" + "---|" * (len(buckets) + 1)]
-        for model, by_path in emu.items():
-            for path, v in by_path.items():
-                cells = " | ".join(_fmt(v["ratio"].get(b), ".2f") for b in buckets)
-                lines.append(f"| {model} | {path} | {cells} | {'yes' if v['within_target'] else 'no'} |")
+                  "| emulation (step) | model | kv | path | " + " | ".join(buckets) + " | within |",
+                  "|---|---|---|---|" + "---|" * (len(buckets) + 1)]
+        for step, m in emu.items():
+            for path in paths:
+                if path in m:
+                    v = m[path]
+                    cells = " | ".join(_fmt(v["ratio"].get(b), ".2f") for b in buckets)
+                    lines.append(f"| {step} | {m['model']} | {m['kv']} | {path} | {cells} | "
+                                 f"{'yes' if v['within_target'] else 'no'} |")
     bad = [s for s in rows if s["rc"] not in ("0", "")]
     if bad:
         lines += ["", "Steps without a result: " + "; ".join(f"{s['name']} (rc {s['rc']}{', ' + s['note'] if s['note'] else ''})"
