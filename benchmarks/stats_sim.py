@@ -1,7 +1,7 @@
 """Every statistical claim of docs/statistics.md, checked by simulation against the project's own functions.
 
     PYTHONPATH=$PWD python benchmarks/stats_sim.py --runs 1000 --out benchmarks/results_stats_sim.json
-    PYTHONPATH=$PWD python benchmarks/stats_sim.py --runs 200 --fast      # the slice tests/test_stats_sim.py runs
+    PYTHONPATH=$PWD python benchmarks/stats_sim.py --runs 200 --fast      # the slice tests/test_stats_round_two.py runs
 
 Each cell draws paired records from a known truth and judges them with what a run uses: the verdict's CI
 (`intervals.recovery_ci` after `intervals.collapse_repeats`, as `metrics.verdict.entry` does) and the one gate
