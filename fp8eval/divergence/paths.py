@@ -4,8 +4,9 @@
   `engine.prefill_chunk` chunks; vLLM: `prompt_logprobs`, the prefill kernel).
 - `decode`: the same distributions as decode steps compute them: the passage's first token alone, then each next
   token forced, one decode step per token, through the arm's KV cache (reference: `engine.probe().decode_hidden`,
-  what its generation runs; vLLM: `fp8eval.engines.vllm.forced`, a forcing logits processor with raw log-probs,
-  the decode kernel every generated answer takes). What users' answers see: the default.
+  every row computed as its decode step computes it, in one pass; vLLM: `fp8eval.engines.vllm.forced`, a forcing
+  logits processor with raw log-probs, the decode kernel every generated answer takes, a length's passages decoded
+  together). What users' answers see: the default.
 - `both`: both, and the path gap: per arm, |log p_decode(t) - log p_prefill(t)| of the passage's own next token t
   at every position, per position bucket (mean, max, share above GAP_THRESHOLD). A BF16 arm's gap is the floor (the
   two paths sum in different orders); an FP8 arm's gap above it is what its cache does to the paths.

@@ -38,8 +38,8 @@ class SensitivityConfig:
     # importable (FP8EVAL_VLLM_PYTHON), else the rule vLLM 0.26.0 showed; rule; oracle; off (no check).
     feasibility: str = "auto"
     # The kernel path each pass reads (fp8eval/divergence/paths.py): prefill (one prefill per pass) or decode (the
-    # passage forced through one decode step per token, what generated answers see; a pass then costs a decode step
-    # per token, so this stays prefill by default).
+    # passage's decode path, what generated answers see, computed in one pass: Probe.decode_hidden). It differs from
+    # prefill only where the emulation models a decode kernel (kv.fa3_decode), so prefill stays the default.
     path: str = "prefill"
 
 
