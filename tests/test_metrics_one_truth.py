@@ -68,8 +68,8 @@ def test_summary_table_and_report_agree_exactly(tmp_path):
     for group, entry in [("all", ver["overall"]), *ver["by_group"].items()]:
         for col, key in [("ci_low", "ci_low"), ("mde_pts", "mde_pts"), ("lost", "lost"), ("gained", "gained"),
                          ("ci_method", "ci_method")]:
-            want = entry[key]
-            assert rec.loc[group, col] == (want if want is not None else rec.loc[group, col]), (group, col)
+            want, got = entry[key], rec.loc[group, col]
+            assert (got != got if want is None else got == want), (group, col)  # None in the summary: NaN here
         assert (rec.loc[group, "ci_high"] == entry["ci_high"]) or entry["ci_high"] is None
     # the terminal table prints the same summary
     text = format_table(summary)

@@ -20,7 +20,7 @@ import math
 from dataclasses import dataclass
 from typing import Sequence
 
-from fp8eval.metrics.intervals import newcombe_paired_diff, t_quantile, z_quantile
+from fp8eval.metrics.intervals import t_quantile, z_quantile
 
 
 @dataclass(frozen=True)
@@ -81,32 +81,6 @@ def mde(var: Variance, n: float, k: float, alpha: float = 0.05, power: float = 0
         else:
             hi = mid
     return hi
-
-
-def mde_binary_exact(n: int, n_right: int, alpha: float = 0.05, power: float = 0.8) -> float:
-    """Exact minimum detectable drop (score units) of n binary pairs, one per cluster, n_right of them right in
-    the baseline: the least drop delta = q n_right / n at which, losing each baseline-right answer with
-    probability q (one-way losses, nothing gained), the paired difference's CI (Newcombe, level 1 - alpha)
-    ends below 0 with probability >= power. Binomial sums, no normal approximation: what "80 % power"
-    means at small n. 1.0 when no loss count is detectable."""
-    z_sum(alpha, power)
-    if n <= 0 or not 0 < n_right <= n:
-        return 1.0
-    need = next((lost for lost in range(1, n_right + 1)
-                 if newcombe_paired_diff(n_right - lost, 0, lost, n - n_right, 1.0 - alpha)[2] < 0), None)
-    if need is None:
-        return 1.0
-
-    def detect(q: float) -> float:  # P(Binomial(n_right, q) >= need)
-        return sum(math.comb(n_right, j) * q ** j * (1 - q) ** (n_right - j) for j in range(need, n_right + 1))
-
-    lo, hi = 0.0, 1.0
-    if detect(hi) < power:
-        return 1.0
-    for _ in range(60):
-        mid = 0.5 * (lo + hi)
-        lo, hi = (mid, hi) if detect(mid) < power else (lo, mid)
-    return hi * n_right / n
 
 
 def clusters_needed(var: Variance, delta: float, k: float, alpha: float = 0.05, power: float = 0.8) -> int:

@@ -2,13 +2,15 @@
 
 Per task and per group label, from the paired records (`pairing.pair_records`): recovery with the CI of
 `intervals.recovery_ci`, the difference in points with its CI, the minimum detectable drop of this run
-(`power.mde` at the configured alpha and power, variances from these records), and a verdict:
+(`detect.mde`: the least drop its own CI detects with the configured power, under a stated truth), and a
+verdict:
 
 - pass: the CI's lower end is at or above the gate, less `margin` (0 by default; non-inferiority at
   one-sided (1 - level) / 2 nominally: docs/statistics.md gives the level that holds, by simulation);
 - fail: the CI's upper end is below the gate;
-- inconclusive: otherwise; `more_samples` / `more_repeats` say how much more of the same would give an
-  80 % (the configured power's) chance to decide it;
+- inconclusive: otherwise; `more_samples` says how many more samples of the same give at least an 80 % (the
+  configured power's) chance to decide it, `more_samples_chance` the simulated chance at that count, and
+  `more_repeats` more repeats per sample by a normal approximation (no chance claimed);
 - n/a: nothing paired, or a baseline that scored 0 (recovery undefined).
 
 `decide` is the one rule: summary.json's `verdict` block, the terminal table, the report and the
@@ -24,7 +26,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from fp8eval.metrics import intervals, power
+from fp8eval.metrics import detect, intervals, power
 from fp8eval.metrics.groups import label_sort_key
 
 Pairs = Sequence[tuple[str, float, float]]  # (cluster, baseline score, variant score), one per record
@@ -81,7 +83,7 @@ def entry(pairs: Pairs, st: GateSettings, samples: int | None = None,
     pairs = intervals.collapse_repeats(pairs, sample_ids)
     ci = intervals.recovery_ci(pairs, st.level, st.right_at)
     out = {"verdict": "n/a", "why": "", **_ci_fields(ci), "mde_pts": None, "mde_recovery_pts": None,
-           "n_repeats": 0, "more_samples": None, "more_repeats": None,
+           "n_repeats": 0, "more_samples": None, "more_samples_chance": None, "more_repeats": None,
            "repeats_collapsed": 0 < len(pairs) < n_records}
     if not pairs:
         out["why"] = "no record was scored in both arms"
@@ -95,12 +97,14 @@ def entry(pairs: Pairs, st: GateSettings, samples: int | None = None,
     k = ci.n_pairs / ci.n_clusters
     if var is not None:
         m = run_mde(pairs, ci, var, st)
-        out["mde_pts"] = round(100.0 * m, 3)
-        out["mde_recovery_pts"] = round(100.0 * m / base, 3)
+        out["mde_pts"] = None if m is None else round(100.0 * m, 3)
+        out["mde_recovery_pts"] = None if m is None else round(100.0 * m / base, 3)
     verdict = decide(ci.low, ci.high, st.gate, st.margin)
     out["verdict"] = verdict
     if verdict == "inconclusive":
-        out["more_samples"] = more_samples(pairs, st, n_samples=n_samples)
+        more = _more(pairs, st, 1000.0, n_samples)
+        if more is not None:
+            out["more_samples"], out["more_samples_chance"] = more[0], round(more[1], 3)
         if var is not None and k >= 2:
             out["more_repeats"] = more_repeats(var, ci, base, k, st)
     out["why"] = explain(out, st)
@@ -116,12 +120,12 @@ def run_variance(pairs: Pairs) -> power.Variance:
                           intervals.floor_variance(m.n, m.k, m.together))
 
 
-def run_mde(pairs: Pairs, ci: intervals.RecoveryCI, var: power.Variance, st: GateSettings) -> float:
-    """The MDE (score units) with the power it claims: exact binomial sums for binary one-per-cluster data
-    (`power.mde_binary_exact`), else the normal formula on the clustered CI's t quantiles (n - 1 df)."""
-    if ci.method == "bonett-price":
-        return power.mde_binary_exact(ci.n_pairs, sum(1 for _, b, _ in pairs if b >= st.right_at), st.alpha, st.power)
-    return power.mde(var, ci.n_clusters, ci.n_pairs / ci.n_clusters, st.alpha, st.power, df=ci.n_clusters - 1)
+def run_mde(pairs: Pairs, ci: intervals.RecoveryCI, var: power.Variance, st: GateSettings) -> float | None:
+    """The MDE (score units) with the power it claims, under the truth `metrics.detect` states (the run's
+    disagreements as noise, FP8 losing whole clusters at random): the least drop at which the verdict's CI
+    ends below 100 % with probability `st.power`. Exact for binary one-per-cluster data without a flip, else
+    seeded draws (`detect.mde`). None when not even a total loss is detected that often."""
+    return detect.mde(pairs, st.level, st.power)
 
 
 def _ci_fields(ci: intervals.RecoveryCI) -> dict:
@@ -139,19 +143,20 @@ def _cluster_sizes(pairs: Pairs) -> dict[str, int]:
     return sizes
 
 
-def decide_level(st: GateSettings) -> float:
-    """The CI level whose half-width is (z_{1-alpha/2} + z_power) standard errors: a CI at this level leaving
-    the gate means the run's own CI leaves it with probability `power` if the observed rates are the truth."""
-    return 2.0 * intervals._NORMAL.cdf(power.z_sum(st.alpha, st.power)) - 1.0
-
-
 def more_samples(pairs: Pairs, st: GateSettings, max_factor: float = 1000.0, n_samples: int | None = None) -> int | None:
-    """How many more samples (clusters x their size) give the run's CI an 80 % (`st.power`) chance to leave
-    the gate if every observed outcome kept its rate. Binary one-per-cluster data: the chance itself, from
-    `DRAWS` fixed-seed draws of the added pairs at the observed rates (`decide_chance`), the least count
-    reaching `st.power` by bisection. Otherwise: the run's moments scaled by a factor f, found by bisection,
-    until the CI at `decide_level` leaves the gate (normal approximation). None when even max_factor times
-    the data does not decide (the estimate sits at the gate)."""
+    """How many more samples (clusters x their size) give the run's CI at least an 80 % (`st.power`) chance to
+    leave the gate if every observed outcome kept its rate: the fewest, by bisection on the simulated chance.
+    Binary one-per-cluster data: `DRAWS` fixed-seed draws of the added pairs at the observed rates
+    (`decide_chance`). Otherwise: clusters drawn from the run's own (`detect.more_clusters`, seeded from the
+    data), times the samples per cluster. None when even max_factor times the data does not decide (the
+    estimate sits at the gate). `entry` also gives the chance at that count (`more_samples_chance`): one more
+    sample can move it by several points when the outcome hardly varies (no flip: it jumps from 0 to 1)."""
+    more = _more(pairs, st, max_factor, n_samples)
+    return None if more is None else more[0]
+
+
+def _more(pairs: Pairs, st: GateSettings, max_factor: float, n_samples: int | None) -> tuple[int, float] | None:
+    """(more_samples, the simulated chance to decide with them), or None."""
     n_now = n_samples or len(_cluster_sizes(pairs))
     ci = intervals.recovery_ci(pairs, st.level, st.right_at)
     if ci.method == "bonett-price":
@@ -163,25 +168,14 @@ def more_samples(pairs: Pairs, st: GateSettings, max_factor: float = 1000.0, n_s
         while hi_m - lo_m > max(1, hi_m // 200):
             mid = (lo_m + hi_m) // 2
             lo_m, hi_m = (mid, hi_m) if decide_chance(table, len(pairs), mid, st) < st.power else (lo_m, mid)
-        return max(1, hi_m)
-    wide = GateSettings(st.gate, 1.0 - decide_level(st), st.power, st.right_at, st.margin)
-
-    def decided(f: float) -> bool:
-        lo, hi = _scaled_ci(pairs, f, wide)
-        return decide(lo, hi, st.gate, st.margin) in ("pass", "fail")
-
-    if not decided(max_factor):
+        hi_m = max(1, hi_m)
+        return hi_m, decide_chance(table, len(pairs), hi_m, st)
+    n_clusters = len(_cluster_sizes(pairs))
+    more = detect.more_clusters(pairs, st.level, st.gate, st.margin, st.power, int(n_clusters * (max_factor - 1)))
+    if more is None:
         return None
-    lo_f, hi_f = 1.0, max_factor
-    for _ in range(60):
-        mid = math.sqrt(lo_f * hi_f)
-        if decided(mid):
-            hi_f = mid
-        else:
-            lo_f = mid
-        if hi_f - lo_f < 0.01:
-            break
-    return max(1, math.ceil(n_now * (hi_f - 1.0)))
+    return (max(1, math.ceil(more * n_now / n_clusters)),
+            detect.decide_chance(pairs, more, st.level, st.gate, st.margin))
 
 
 DRAWS = 4000  # draws behind a binary more_samples (its Monte Carlo error: about 0.6 points at 80 %)
@@ -203,19 +197,6 @@ def decide_chance(table: tuple[int, int, int], n: int, more: int, st: GateSettin
     return float(np.mean(ok | (100 * hi < st.gate)))
 
 
-def _scaled_ci(pairs: Pairs, f: float, st: GateSettings) -> tuple[float, float]:
-    """The recovery CI (%) of the data as if every cluster appeared f times (f real)."""
-    ci = intervals.recovery_ci(pairs, st.level, st.right_at)
-    if ci.method == "bonett-price":
-        both = sum(1 for _, b, v in pairs if b == 1.0 and v == 1.0)
-        _, lo, hi = intervals.bonett_price_ratio(both * f, ci.gained * f, ci.lost * f, st.level)
-        lo = min(lo, intervals.one_way_low(max(ci.lost - ci.gained, 0) * f, (both + ci.lost) * f, st.level))
-        return 100 * lo, 100 * hi
-    mom = intervals.cluster_moments(pairs)
-    lo, hi = intervals.fieller_from_moments(mom, st.level, scale=f)
-    return 100 * lo, 100 * hi
-
-
 def more_repeats(var: power.Variance, ci: intervals.RecoveryCI, base: float, k: float, st: GateSettings) -> int | None:
     """More repeats per sample that give the configured power's chance to decide at the same samples: the k'
     whose (z_{1-alpha/2} + z_power) standard errors fit in the distance from the point difference to the gate. None when repeats alone
@@ -224,7 +205,7 @@ def more_repeats(var: power.Variance, ci: intervals.RecoveryCI, base: float, k: 
     dist = abs(ci.diff / 100.0 - margin)
     if dist <= 0 or ci.n_clusters < 2:
         return None
-    z = power.z_sum(st.alpha, st.power)  # an 80 % (the power's) chance to decide, as more_samples
+    z = power.z_sum(st.alpha, st.power)  # a normal approximation of an 80 % (the power's) chance; not simulated
     budget = ci.n_clusters * dist ** 2 / z ** 2
     if var.omega2 >= budget:
         return None
@@ -242,20 +223,29 @@ def explain(e: dict, st: GateSettings) -> str:
           f" {e['n_pairs']} pairs in {e['n_clusters']} clusters"
           f"{' (identical repeats counted once)' if e.get('repeats_collapsed') else ''},"
           f" {e['lost']} lost / {e['gained']} gained)")
-    mde = f"; MDE {e['mde_pts']:.1f} points" if e.get("mde_pts") is not None else ""
+    mde = (f"; MDE {e['mde_pts']:.1f} points" if e.get("mde_pts") is not None else
+           f"; no drop is detected with probability {st.power * 100:g} % at this size (no MDE)"
+           if e.get("n_clusters", 0) >= 2 and e.get("recovery") is not None else "")
     if e["verdict"] == "pass":
         return f"{ci}: the CI's lower end is at or above the {st.gate:g}% gate{mde}"
     if e["verdict"] == "fail":
         return f"{ci}: even the CI's upper end is below the {st.gate:g}% gate{mde}"
-    more = []
+    need = ""
     if e.get("more_samples") is not None:
-        more.append(f"about {e['more_samples']} more samples")
+        need = more_sentence(e["more_samples"], e.get("more_samples_chance"), st.power)
     if e.get("more_repeats") is not None:
-        more.append(f"{e['more_repeats']} more repeats per sample")
-    need = (" or ".join(more) + f" would decide it with probability {st.power * 100:g} % if the observed rates"
-            " are the truth") if more else \
-        "the estimate sits at the gate: no amount of the same data decides it"
+        need += ("; " if need else "") + (f"{e['more_repeats']} more repeats per sample might"
+                                          f"{' too' if need else ' decide it'} (a normal approximation whose"
+                                          " chance is not simulated)")
+    need = need or "the estimate sits at the gate: no amount of the same data decides it"
     return f"{ci} straddles the {st.gate:g}% gate{mde}; {need}"
+
+
+def more_sentence(more: int, chance: float | None, power: float = 0.8) -> str:
+    """The more_samples claim in words, with the simulated chance at that count (the fewest reaching `power`)."""
+    p = power if chance is None else chance
+    return (f"about {more} more samples would decide it with probability {100 * p:.0f} % if the observed rates are"
+            f" the truth (simulated; the fewest reaching {100 * power:g} %)")
 
 
 def verdicts(pairs: Sequence[tuple], st: GateSettings) -> dict:

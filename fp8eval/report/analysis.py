@@ -182,7 +182,7 @@ def _judged_columns(e: dict) -> dict:
     return {"ci_method": e["ci_method"], "diff_pts": _nan(e["diff_pts"]), "diff_low_pts": _nan(e["diff_low_pts"]),
             "diff_high_pts": _nan(e["diff_high_pts"]), "mde_pts": _nan(e["mde_pts"]), "lost": e["lost"],
             "gained": e["gained"], "n_clusters": e["n_clusters"], "more_samples": _nan(e["more_samples"]),
-            "more_repeats": _nan(e["more_repeats"])}
+            "more_samples_chance": _nan(e.get("more_samples_chance")), "more_repeats": _nan(e["more_repeats"])}
 
 
 def _inf(x: float | None, point: float | None) -> float:
@@ -290,7 +290,8 @@ def widen_to(auc: dict, all_row: dict) -> dict:
     relative width of the pass@1 row's honest CI: a bootstrap over few samples without a flip has zero
     width, which is no evidence (docs/statistics.md)."""
     out = {**auc, "boot_low": auc["ci_low"], "boot_high": auc["ci_high"],
-           **{k: all_row[k] for k in ("lost", "gained", "n_clusters", "more_samples", "more_repeats")},
+           **{k: all_row[k] for k in ("lost", "gained", "n_clusters", "more_samples", "more_samples_chance",
+                                 "more_repeats")},
            "diff_pts": math.nan, "diff_low_pts": math.nan, "diff_high_pts": math.nan, "mde_pts": math.nan,
            "ci_method": "stratified bootstrap, at least the pass@1 CI's relative width"}
     point, ref = auc["recovery_pct"], all_row["recovery_pct"]
@@ -310,7 +311,7 @@ RECOVERY_COLUMNS = [
     "variant_arm",
     # issue 22: the CI above is metrics.verdict's (its method named); the paired bootstrap stays beside it
     "ci_method", "diff_pts", "diff_low_pts", "diff_high_pts", "mde_pts", "lost", "gained", "n_clusters",
-    "more_samples", "more_repeats", "boot_low", "boot_high",
+    "more_samples", "more_samples_chance", "more_repeats", "boot_low", "boot_high",
 ]
 
 

@@ -79,8 +79,10 @@ def render_markdown(d: ReportData, out: Path) -> str:
     lines += [f"Recovery = variant score / baseline score × 100, on records paired by (sample, repeat);"
               f" {lv} CI: {CI_METHODS} Gate {th.gate:g}% (pass only when the CI's lower end is at or above it),"
               f" margin {th.unsure_margin:g} points, sign-test alpha {th.sign_alpha:g},"
-              f" a record is right when its score ≥ {th.right_at:g}. MDE: the drop (points of score) this run"
-              " detects with 80% power (docs/statistics.md).", ""]
+              f" a record is right when its score ≥ {th.right_at:g}. MDE: the drop (points of score) at which this"
+              " run's CI would end below 100% with 80% probability if FP8 lost whole samples (or clusters) at"
+              " random and the run's other disagreements were noise without a direction (docs/statistics.md"
+              " sections 4 and 8).", ""]
     if d.refused:
         lines += ["## Refused pairs", ""] + [f"- {m}" for m in d.refused] + [""]
     lines += ["## Decision", ""]
@@ -224,6 +226,7 @@ HEADERS = {
     "ci_low": "CI low", "ci_high": "CI high", "ci": "CI", "ci_method": "CI method", "n": "pairs", "n_samples": "samples",
     "n_repeats": "repeats", "mde_pts": "MDE (points)", "baseline_cutoff_rate": "baseline cut off",
     "variant_cutoff_rate": "variant cut off", "n_excluded": "excluded", "more_samples": "more samples to decide",
+    "more_samples_chance": "chance they decide",
     "more_repeats": "more repeats to decide", "attention_backend": "attention backend", "run_dir": "run",
     "p_value": "p-value", "cutoff_rate": "cut off", "n_skipped": "skipped", "n_errors": "errors",
     "sample_id": "sample", "baseline_extracted": "baseline answer", "variant_extracted": "variant answer",
@@ -293,7 +296,8 @@ def render_html(d: ReportData) -> str:
         "baseline_score": "num", "variant_score": "num", "recovery_pct": "pct", "ci_low": "pct",
         "ci_high": "pct", "n": "num", "n_samples": "num", "n_repeats": "num",
         "baseline_cutoff_rate": "num", "variant_cutoff_rate": "num", "n_excluded": "num",
-        "lost": "num", "gained": "num", "mde_pts": "num", "more_samples": "num", "more_repeats": "num",
+        "lost": "num", "gained": "num", "mde_pts": "num", "more_samples": "num", "more_samples_chance": "num",
+        "more_repeats": "num",
         "verdict": "verdict"}, "recovery") + "</section>")
     if d.sign_tests:
         st = pd.DataFrame([{"model": s.model, "scope": s.scope if s.unit == "bucket" else "across tasks",

@@ -20,7 +20,7 @@ import pandas as pd
 
 from fp8eval.metrics import stats
 from fp8eval.metrics.groups import label_sort_key
-from fp8eval.metrics.verdict import decide
+from fp8eval.metrics.verdict import decide, more_sentence
 from fp8eval.report.analysis import Pair, per_sample
 
 
@@ -72,13 +72,15 @@ def gate_verdict(recovery: float, low: float, high: float, th: Thresholds, level
 
 
 def _more(row) -> str:
-    parts = []
+    out = ""
     if math.isfinite(getattr(row, "more_samples", math.nan)):
-        parts.append(f"about {int(row.more_samples)} more samples")
+        chance = getattr(row, "more_samples_chance", math.nan)
+        out = more_sentence(int(row.more_samples), chance if math.isfinite(chance) else None)
     if math.isfinite(getattr(row, "more_repeats", math.nan)):
-        parts.append(f"{int(row.more_repeats)} more repeats per sample")
-    return (" or ".join(parts) + " would decide it with probability 80 % if the observed rates are the truth"
-            if parts else "")
+        out += ("; " if out else "") + (f"{int(row.more_repeats)} more repeats per sample might"
+                                        f"{' too' if out else ' decide it'} (a normal approximation whose chance"
+                                        " is not simulated)")
+    return out
 
 
 def add_verdicts(table: pd.DataFrame, th: Thresholds, level: float) -> pd.DataFrame:
