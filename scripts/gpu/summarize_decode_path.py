@@ -48,6 +48,7 @@ def runs(work: Path) -> dict:
             view = r.get("topk_view") or r  # the reference engine's top-k view: vLLM's footing
             kl[path] = {b: v.get("kl_mean") for b, v in (view.get("buckets") or {}).items()}
         out[f.parent.name] = {"model": d.get("model"), "engine": d.get("engine"), "kv": d.get("kv"),
+                              "text": (d.get("continuation") or {}).get("kind", "text"),
                               "baseline": d.get("baseline"), "kl_topk": kl, "path_gap": d.get("path_gap") or {},
                               "arms": {n: (a or {}).get("preflight", {}).get("attention_backend")
                                        for n, a in (d.get("arms") or {}).items()},
@@ -69,14 +70,14 @@ def steps(work: Path) -> list[dict]:
 
 
 def emulation(res: dict) -> dict:
-    """Per reference-engine step: its KL over vLLM's (the vllm step of the same model and KV format) per bucket on each
+    """Per reference-engine step: its KL over vLLM's (the vllm step of the same model, KV format and forced text) per bucket on each
     path, and whether every bucket from 256 tokens on is within TARGET."""
     out: dict = {}
     for name, emu in res.items():
         if emu["engine"] != "reference":
             continue
-        kern = next((r for r in res.values() if r["engine"] == "vllm" and (r["model"], r["kv"]) == (emu["model"], emu["kv"])),
-                    None)
+        same = ("model", "kv", "text")  # the kernel's run of the same model, KV format and forced text
+        kern = next((r for r in res.values() if r["engine"] == "vllm" and all(r[k] == emu[k] for k in same)), None)
         if kern is None:
             continue
         for path in ("prefill", "decode"):
