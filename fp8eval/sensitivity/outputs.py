@@ -137,7 +137,8 @@ def markdown(result: dict) -> str:
         f"# Which layers should keep a BF16 KV cache? {r['model']}, kv={r['kv']}",
         "",
         f"Passages: {passages}; "
-        f"{r['n_tokens']:,} positions per configuration, {r['passes']['total']} prefill passes on the reference "
+        f"{r['n_tokens']:,} positions per configuration, {r['passes']['total']} passes on the "
+        f"{r['passes'].get('path', 'prefill')} path of the reference "
         f"engine (attention emulation `{r.get('attention')}`). Divergence = KL(bf16 || variant) of the next-token "
         f"distributions, mean per token, as `python -m fp8eval.divergence` measures it.",
         "",

@@ -26,6 +26,7 @@ class Cost:
     n_units: int
     hybrid: bool
     refine: int
+    path: str = "prefill"  # the kernel path each pass reads (sensitivity.path)
 
     @property
     def per_unit(self) -> int:
@@ -44,7 +45,7 @@ class Cost:
                 f"{2 * self.n_layers + 2}{' + 1 (sliding-window layers in BF16)' if self.hybrid else ''} per "
                 f"document and length, + 1 to re-measure the recommended skip list (+ up to {self.refine} more "
                 f"if it falls short of the target); {documents} document(s) x lengths {sorted(set(lengths))} = "
-                f"{self.n_units} passage(s): {self.total} prefill passes"
+                f"{self.n_units} passage(s): {self.total} passes on the {self.path} path"
                 f"{f' (up to {self.total + self.refine * self.n_units})' if self.refine else ''}")
 
 
@@ -76,7 +77,7 @@ def _run(cfg: SensitivityRunConfig, door: ArmEngines, log: Callable[[str], None]
     L = passes.n_layers
     sliding = [i for i, t in enumerate(passes.types) if "sliding" in t]
     hybrid = 0 < len(sliding) < L
-    cost = Cost(L, len(docs), hybrid, s.refine)
+    cost = Cost(L, len(docs), hybrid, s.refine, str(getattr(s, "path", "prefill")))
     log(cost.line(list(s.lengths), s.documents))
     passes.check_head(docs[0].ids)
     fp, material = cache_fingerprint(cfg, passes.engine.describe(), arms[-1].kv, arms[0].kv)
@@ -180,7 +181,8 @@ def _run(cfg: SensitivityRunConfig, door: ArmEngines, log: Callable[[str], None]
         "passages": [{"book": d.book, "length": d.length, "char_offset": d.char_offset, "key": d.key} for d in docs],
         "lengths": sorted(set(int(n) for n in s.lengths)), "documents": s.documents,
         "n_tokens": overall["full"]["n_tokens"],
-        "passes": {"per_document_and_length": cost.per_unit, "total": cost.total + (len(steps) - 1) * len(docs)},
+        "passes": {"per_document_and_length": cost.per_unit, "total": cost.total + (len(steps) - 1) * len(docs),
+                   "path": cost.path},
         "target": s.target, "rank_by": s.rank_by,
         "layers": layers,
         "ranking": order,
