@@ -37,10 +37,10 @@ class SensitivityConfig:
     # Can vLLM serve the recommended skip list (fp8eval.feasibility)? auto: vLLM's own grouping when a vLLM is
     # importable (FP8EVAL_VLLM_PYTHON), else the rule vLLM 0.26.0 showed; rule; oracle; off (no check).
     feasibility: str = "auto"
-    # The kernel path each pass reads (fp8eval/divergence/paths.py): prefill (one prefill per pass) or decode (the
-    # passage's decode path, what generated answers see, computed in one pass: Probe.decode_hidden). It differs from
-    # prefill only where the emulation models a decode kernel (kv.fa3_decode), so prefill stays the default.
-    path: str = "prefill"
+    # The kernel path each pass reads (fp8eval/divergence/paths.py): decode (the passage's decode path, what generated
+    # answers see, computed in one pass at the cost of a prefill: Probe.decode_hidden) or prefill (one prefill per
+    # pass). They differ only where the emulation models a decode kernel (kv.fa3_decode).
+    path: str = "decode"
 
 
 @dataclass
