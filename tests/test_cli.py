@@ -100,7 +100,16 @@ def test_replay_reruns_a_saved_run_exactly_or_refuses_in_one_line(tmp_path):
     s2 = json.loads((last_path(again) / "summary.json").read_text())
     assert s2["recovery"] == s0["recovery"] and s2["arms"]["bf16"]["requests_sent"] == 0  # the run's own records
 
+    masked = tmp_path / "masked"  # a run whose saved files hold a masked secret (unquoted: a YAML alias)
+    (masked / ".hydra").mkdir(parents=True)
+    for name in ("hydra.yaml", "config.yaml"):
+        (masked / ".hydra" / name).write_text((run / ".hydra" / name).read_text() + "api_key: ***\n")
+    broken = tmp_path / "broken"
+    (broken / ".hydra").mkdir(parents=True)
+    (broken / ".hydra" / "config.yaml").write_text("a: [1,\n")
     for args, expect in ((["replay", str(run), "seed=3"], "a replay changes only"),
+                         (["replay", str(masked)], "has secrets masked as ***"),
+                         (["replay", str(broken)], "config.yaml does not parse"),
                          (["replay", str(tmp_path)], ".hydra/config.yaml not found"),
                          (["--config-dir", str(run / ".hydra"), "--config-name", "config"], "fp8eval replay"),
                          (["--config-path", str(run / ".hydra"), "--config-name", "config"], "fp8eval replay")):

@@ -320,6 +320,7 @@ def test_one_pass_decode_path_reads_turboquant_from_the_cache():
     assert abs(one / loop - 1) < 0.25 and pre < 0.2 * one, (one, loop, pre)
 
 
+@pytest.mark.slow
 def test_greedy_continuation_is_the_baselines_own_and_is_kept(tmp_path):
     """divergence.continuation=greedy: both arms read the passage's first prompt_tokens tokens and then the BF16 arm's
     greedy continuation (the reference engine's own generation: argmax of every step), generated once and kept (a

@@ -26,9 +26,16 @@ class ReplayError(Exception):
 
 
 def _load(path: Path):
+    """A saved YAML file; ReplayError (one line) when a secret was masked in it or it does not parse."""
     from omegaconf import OmegaConf
 
-    return OmegaConf.load(path)
+    if path.is_file() and MASK in path.read_text(encoding="utf-8", errors="replace"):
+        raise ReplayError(f"{path} has secrets masked as {MASK} (fp8eval never writes them): rerun the original "
+                          f"command with them instead")
+    try:
+        return OmegaConf.load(path)
+    except Exception as e:  # noqa: BLE001 - yaml's and OmegaConf's errors alike: a file replay cannot read
+        raise ReplayError(f"{path} does not parse ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from e
 
 
 def _app(run: Path):
@@ -56,12 +63,8 @@ def replay_config(run: Path, changes: list[str]):
     saved_path = run / ".hydra" / "config.yaml"
     if not saved_path.is_file():
         raise ReplayError(f"{saved_path} not found: RUN_DIR is the directory a run printed last")
-    cmd, meta = _app(run)
-    text = saved_path.read_text(encoding="utf-8")
-    if MASK in text:
-        raise ReplayError(f"{saved_path} has secrets masked as {MASK} (fp8eval never writes them): rerun the "
-                          f"original command with them instead")
     saved = _load(saved_path)
+    cmd, meta = _app(run)
     if OmegaConf.select(saved, "suite") is not None:
         raise ReplayError(f"{run} is a suite run: replay each task's subdirectory ({run}/<task>)")
     for change in changes:
