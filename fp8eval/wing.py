@@ -21,6 +21,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable
@@ -81,6 +82,11 @@ def hydra_wing(prog: str, config_name: str, body: Callable[[Any, Path], int | No
     def main() -> None:
         guard_std_streams()  # every line printed, Hydra's errors included, is redacted (fp8eval.core.secrets)
         exit_on_sigterm()  # SIGTERM behaves like Ctrl-C: one line, work kept (exit 143)
+        if prog != "fp8eval" and any(a in ("--help", "-h") for a in sys.argv[1:]):
+            # the keys explained from the sources (`fp8eval <wing> --help`), not Hydra's generic help (--hydra-help)
+            sys.stdout.flush()
+            os.execv(sys.executable, [sys.executable, "-m", "fp8eval", prog.removeprefix("fp8eval."),
+                                      *sys.argv[1:]])
         try:
             if argv is not None:
                 new = argv(sys.argv[1:])

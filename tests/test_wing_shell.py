@@ -128,3 +128,16 @@ def test_the_shell_gives_every_wing_the_same_exit_codes(shell, capsys):
 
     assert shell(ok, argv=argv_check) == 2
     assert "fp8eval.test: refused hydra.run.dir=run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("wing", ["divergence", "power"])
+def test_a_wings_help_explains_its_keys_not_hydras(wing):
+    """`python -m fp8eval.<wing> --help` prints what `fp8eval <wing> --help` prints (keys from the sources); Hydra's
+    own help stays behind --hydra-help."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    got = subprocess.run([sys.executable, "-m", f"fp8eval.{wing}", "--help"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert got.returncode == 0 and got.stdout.startswith(f"usage: fp8eval {wing} "), got.stdout[:300] + got.stderr
+    hydra = subprocess.run([sys.executable, "-m", f"fp8eval.{wing}", "--hydra-help"], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=120)
+    assert "Hydra" in hydra.stdout

@@ -25,7 +25,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
             "power", ("fp8eval.power.config", "PowerRunConfig")),
     Command("pareto", "fp8eval.pareto", "KV formats x skip lists x calibration on one frontier, with the pick",
             "pareto", ("fp8eval.pareto.config", "ParetoRunConfig")),
-    Command("divergence", "fp8eval.divergence", "prefill-only divergence (KL) of a kv arm from its baseline",
+    Command("divergence", "fp8eval.divergence", "divergence (KL) of a kv arm from its baseline per position, on the decode and/or prefill path",
             "divergence", ("fp8eval.divergence.config", "DivergenceRunConfig")),
     Command("sensitivity", "fp8eval.sensitivity", "which layers should stay in BF16 (per-layer ranking)",
             "sensitivity", ("fp8eval.sensitivity.config", "SensitivityRunConfig")),
