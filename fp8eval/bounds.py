@@ -82,8 +82,10 @@ RUN_RULES = [
 DIVERGENCE_RULES = [
     *ENGINE_RULES, Rule("seed"),
     # a passage is BOS plus at least one token whose next-token distribution is compared
-    Rule("divergence.lengths", lo=2, each=True), Rule("divergence.documents", lo=1),
+    # documents=0 measures only divergence.texts (the run refuses when there are none either)
+    Rule("divergence.lengths", lo=2, each=True), Rule("divergence.documents", lo=0),
     Rule("divergence.topk", lo=1), Rule("divergence.edges", lo=0, each=True, increasing=True),
+    Rule("divergence.batch", lo=1), Rule("divergence.prompt_tokens", lo=1),
 ]
 PERF_RULES = [
     *ENGINE_RULES, Rule("seed"),

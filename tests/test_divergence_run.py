@@ -232,3 +232,26 @@ def test_decode_fingerprints_and_the_forcing_processor_args(tmp_path):
         assert args.get("async_scheduling") is (None if want is None else False)  # the processor needs it off
     ref = _cfg(tmp_path, "kv=fp8", "engine=reference")
     assert "logits_processors" not in R.engine_cfg(ref).engine.engine_args  # the reference engine decodes itself
+
+
+def test_documents_zero_measures_only_the_users_texts_and_bad_counts_are_refused(tmp_path):
+    """divergence.documents=0 with divergence.texts measures those texts alone (the config's promise); without texts
+    the run says there is nothing to measure; a batch or a greedy prompt of 0 tokens is refused up front."""
+    from fp8eval.core.errors import InputError
+    from fp8eval.divergence.run import run
+    from fp8eval.validate import validate_config
+
+    text = tmp_path / "mine.txt"
+    text.write_text("It was a bright cold day in April, and the clocks were striking thirteen. " * 20)
+    validate_config(_cfg(tmp_path, "divergence.documents=0"))
+    for key in ("divergence.batch=0", "divergence.prompt_tokens=0"):
+        with pytest.raises(InputError, match=key.replace(".", r"\.")):
+            validate_config(_cfg(tmp_path, key))
+    with pytest.raises(ValueError, match="no passage to measure"):
+        run(_cfg(tmp_path, "divergence.documents=0"), tmp_path / "none", out=lambda s: None)
+    try:
+        res = run(_cfg(tmp_path, "divergence.documents=0", f"divergence.texts=[{text}]", "divergence.lengths=[48]",
+                       "divergence.path=prefill"), tmp_path / "r", out=lambda s: None)
+    except Exception as e:  # noqa: BLE001 - the embedded model is part of the install; say so if absent
+        pytest.skip(f"embedded model unavailable: {e}")
+    assert [p["book"] for p in res["passages"]] == ["mine.txt"] and res["overall"]["n_tokens"] == 47
