@@ -49,7 +49,8 @@ def arm_fingerprint(cfg, engine, kv, kind: str, control=None, path: str = "prefi
     desc = engine.describe()
     forcing = getattr(getattr(engine, "capabilities", None), "decode_logits_processor", "")  # (stand-ins have none)
     if path == "decode":
-        kept = {"kept": kept, "path": "decode"} if kind == "hidden" else {**kept, "path": "decode"}
+        # (the reference engine's decode path in one pass: other float32 orders than its earlier step loop)
+        kept = {"kept": kept, "path": "decode", "decode": "one_pass"} if kind == "hidden" else {**kept, "path": "decode"}
         if kind == "hidden" and int(getattr(cfg.divergence, "batch", 1)) != 1:  # the emulated split count follows it
             kept = {**kept, "batch": int(cfg.divergence.batch)}
     elif forcing and forcing in ((desc.get("engine_args") or {}).get("logits_processors") or []):

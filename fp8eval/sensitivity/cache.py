@@ -49,6 +49,8 @@ def fingerprint(cfg, describe: dict, variant_kv, baseline_kv) -> tuple[str, dict
              "edges": [int(e) for e in cfg.sensitivity.edges]}
     if str(getattr(cfg.sensitivity, "path", "prefill")) != "prefill":  # only then: prefill runs keep theirs
         extra["path"] = str(cfg.sensitivity.path)
+        if extra["path"] == "decode":  # computed in one pass (Probe.decode_hidden), not the earlier step loop
+            extra["decode"] = "one_pass"
     material = arm_material(cfg, variant_kv, engine, extra,
                             model=model_view(cfg.model, ("name", "notes", "sampling"), keep_dummy=True),
                             kv_d=kv_view(variant_kv, normal_skip))
