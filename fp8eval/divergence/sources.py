@@ -3,7 +3,7 @@ kernel path `divergence.path` names (fp8eval.divergence.paths).
 
 - "hidden" (the reference engine): the final hidden state at every position, through the engine's public probe
   (`engine.probe()`: one prefill through the emulated cache, in the engine's prefill chunks; or, on the decode path,
-  `probe.decode_hidden`: one decode step per token); logits are made from it only when compared (lm_head per slice),
+  `probe.decode_hidden`: each row as its decode step computes it); logits are made from it only when compared (lm_head per slice),
   so an 8k x 49k logit matrix never exists whole and the kept per-passage result is small.
 - "topk" (vLLM): the top-k of `prompt_logprobs` at every position (vLLM returns no full distributions), or of its
   decode steps with the passage forced (`decode_logprobs_many`, fp8eval.engines.vllm.forced).

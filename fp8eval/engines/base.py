@@ -66,7 +66,7 @@ class Capabilities:
     seed_args: tuple[str, ...] = ()
     control_hint: str = ""  # which control=... options take effect on it, in words (the inert control's refusal)
     # The decode path of its distributions (issue 35, fp8eval.divergence.paths): "probe" (`probe().decode_hidden`: one
-    # decode step per token), "forced" (`decode_logprobs_many`: generation forced to the passage by the logits processor
+    # decode step per token, computed in one pass), "forced" (`decode_logprobs_many`: generation forced to the passage by the logits processor
     # `decode_logits_processor`, which the engine needs among its `logits_processors` engine arg at start) or "none".
     decode_path: str = "none"
     decode_logits_processor: str = ""
