@@ -62,7 +62,8 @@ def test_sigterm_ends_like_sigint_with_one_line_and_keeps_records(tmp_path):
     (DIVERGENCE_RULES, {"divergence": {"lengths": [-5]}}, "divergence.lengths=[-5]: each must be an integer >= 2"),
     (DIVERGENCE_RULES, {"divergence": {"lengths": [0]}}, "divergence.lengths=[0]: each must be an integer >= 2"),
     (DIVERGENCE_RULES, {"divergence": {"lengths": []}}, "divergence.lengths=[]: give a list of at least one"),
-    (DIVERGENCE_RULES, {"divergence": {"documents": 0}}, "divergence.documents=0"),
+    (DIVERGENCE_RULES, {"divergence": {"documents": -1}}, "divergence.documents=-1"),  # 0: the user's texts only
+    (DIVERGENCE_RULES, {"divergence": {"batch": 0}}, "divergence.batch=0"),
     (DIVERGENCE_RULES, {"divergence": {"edges": [0, 512, 256]}}, "must be strictly increasing"),
     (PERF_RULES, {"perf": {"throughput_requests": 0}}, "perf.throughput_requests=0"),
     (PERF_RULES, {"perf": {"lengths": [128, -1]}}, "perf.lengths=[128, -1]"),
