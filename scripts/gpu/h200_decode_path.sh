@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 35 on the H200: `python -m fp8eval.divergence divergence.path=both` (the decode and the prefill kernel path, and
 # each arm's path gap) on vLLM and through the reference engine's emulation on the same passages, per model and KV
-# format; about 12 minutes in all, in priority order, so a shorter budget still gives the first rows.
+# format, in priority order, so a shorter budget still gives the first rows: on the H200 the first six steps (SmolLM2
+# and gemma, kernel and emulation) took about 9 minutes, each further vLLM step 3-4 (BF16 arm reused within one work dir).
 #
 #   source /tmp/g/env.sh; cd /tmp/g/proj
 #   bash scripts/gpu/h200_decode_path.sh OUT_DIR      # OUT_DIR gets summary.json, summary.md (the tables for
@@ -9,7 +10,7 @@
 #
 # Resumable: the work dir (WORK, default OUT_DIR/work) keeps every arm's per-passage results (records_dir) and each
 # finished step's divergence.json; run the same command again to finish what a timeout or a lost lease left (a step
-# whose divergence.json exists is not run again). Time-boxed: BUDGET_S (default 720) bounds the whole, each step its
+# whose divergence.json exists is not run again). Time-boxed: BUDGET_S (default 720: two calls of the device tool; the steps resume) bounds the whole, each step its
 # own timeout; STEPS (default: all) names the steps to run, in order. Fails loudly: a failed step's last lines go to
 # OUT_DIR/log_tail.txt and the exit status is 1 when any step failed, timed out or was skipped. DRY=1 runs the
 # plumbing on a CPU (reference engine for every step, 40-token passages):
