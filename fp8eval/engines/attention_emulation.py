@@ -32,6 +32,7 @@ prints, to be set against the hardware's (`python -m fp8eval.probe` on a GPU wit
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
@@ -351,19 +352,16 @@ def _row_slices(lq: int, lk: int, rows: int, decode_n: int | None, decode_live, 
         for r0 in range(0, lq, rows):
             yield r0, min(rows, lq - r0), None
         return
-    start, key = 0, None
-    for r in range(lq + 1):
-        if r < lq:
-            pos = lk - lq + r  # the row's position: it sees keys 0..pos
-            nb = -(-(pos + 1) // decode_n)
-            this = fa3_num_splits(nb, kv_heads, max(1, int(decode_live[pos])))
-            if key is None:
-                key = (nb, this)
-            if (nb, this) == key and r - start < rows:
-                continue
-        yield start, r - start, key[1]
-        if r < lq:
-            start, key = r, (nb, this)
+
+    def blocks_and_splits(r: int) -> tuple[int, int]:
+        pos = lk - lq + r  # the row's position: it sees keys 0..pos
+        nb = -(-(pos + 1) // decode_n)
+        return nb, fa3_num_splits(nb, kv_heads, max(1, int(decode_live[pos])))
+
+    for (_, splits), group in itertools.groupby(range(lq), key=blocks_and_splits):
+        group = list(group)
+        for i in range(0, len(group), rows):
+            yield group[i], min(rows, len(group) - i), splits
 
 
 def emulated_attention(query, key, value, attention_mask, scaling: float, *, mode: str, accumulation: str,

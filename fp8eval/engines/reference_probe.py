@@ -100,43 +100,32 @@ class Probe:
             shared["active_policy"] = before
 
     def greedy_ids(self, ids, n: int) -> list[int]:
-        """The greedy continuation of `n` tokens after `ids` (EOS ignored): `ids` prefilled in the engine's chunks into a
-        cache with room for all, then one decode step per token, the argmax of each (divergence.continuation=greedy)."""
+        """The greedy continuation of `n` tokens after `ids` (EOS ignored), computed as the engine's generation computes
+        it (its `_prefill` in chunks into a cache with room for all, then its `_decode` steps), the argmax of each
+        step (divergence.continuation=greedy)."""
         import torch
 
-        from fp8eval.engines.reserved_cache import reserved_cache
-
-        x = torch.tensor([list(ids)], device=self._device)
         out: list[int] = []
         with torch.inference_mode():
-            cache = reserved_cache(self._model.config, x.shape[1] + int(n))
-            for start in range(0, x.shape[1], self._chunk):
-                h = self._model.model(input_ids=x[:, start:start + self._chunk], past_key_values=cache, use_cache=True)
-            self._engine.computed_prefill_tokens += x.shape[1]
-            for _ in range(int(n)):
-                nxt = int(self.logits_of(h.last_hidden_state[0, -1:]).argmax(-1))
-                out.append(nxt)
+            cache, logits = self._engine._prefill(list(ids), len(ids) + int(n))
+            while len(out) < int(n):
+                out.append(int(logits[0].argmax()))
                 if len(out) < int(n):
-                    h = self._model.model(input_ids=torch.tensor([[nxt]], device=self._device), past_key_values=cache,
-                                          use_cache=True)
+                    logits = self._engine._decode(cache, torch.tensor([[out[-1]]]))
         return out
-
-    def logits_of(self, hidden) -> Any:
-        """lm_head (and soft-capping) on a torch tensor of hidden states, on the device."""
-        import torch
-
-        head = self._model.get_output_embeddings()
-        with torch.inference_mode():
-            logits = head(hidden.to(head.weight.dtype)).float()
-            cap = getattr(self._model.config, "final_logit_softcapping", None)
-            return torch.tanh(logits / cap) * cap if cap else logits
 
     def logits(self, hidden: np.ndarray) -> Any:
         """lm_head (and the model's final logit soft-capping, if any) on a slice of hidden states (a torch tensor)."""
         import torch
 
         head = self._model.get_output_embeddings()
-        return self.logits_of(torch.from_numpy(np.ascontiguousarray(hidden)).to(head.weight.device))
+        h = torch.from_numpy(np.ascontiguousarray(hidden)).to(head.weight.device, head.weight.dtype)
+        with torch.inference_mode():
+            logits = head(h).float()
+            cap = getattr(self._model.config, "final_logit_softcapping", None)
+            if cap:
+                logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def model_logits(self, ids) -> Any:
         """The model's own logits at every position of `ids` (one forward, no cache chunks): [len(ids), vocab]."""

@@ -477,7 +477,7 @@ def _worker_main() -> int:
             elif op == "fingerprint":
                 worker.send({"op": "fingerprint", "fingerprint": prompt_ops.tokenizer_fingerprint(worker.tokenizer)})
             elif op in ("prompt_logprobs", "decode_logprobs", "greedy_ids"):  # prompts in one vLLM call
-                fn = {"prompt_logprobs": prompt_ops.prompt_logprobs, "greedy_ids": forced.greedy_ids}.get(op, forced.decode_logprobs)
+                fn = getattr(prompt_ops if op == "prompt_logprobs" else forced, op)  # each named as its op
                 worker.send({"op": "batch", "rows": fn(worker.llm, msg["batch"], int(msg["k"]))})
             elif op == "teacher_force":
                 worker.send({"op": "forced", "answer": prompt_ops.teacher_force(worker, msg["request"], msg["forced"], msg["other"])})
